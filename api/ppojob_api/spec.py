@@ -1,0 +1,342 @@
+"""The PPOJob spec as typed, frozen Python models, and its parser.
+
+The CRD in crds/ is the source of truth; these models follow it field for field (names, types,
+defaults, enums, bounds), and tests/unit/api/test_crd_drift.py fails when they drift. The
+operator and the trainer both parse specs here, so a job means the same thing on both sides.
+
+`parse_spec` turns a dict (a PPOJob manifest's spec, or a trainer YAML) into a `PPOJobSpec`, or
+raises `SpecError` naming every bad field with its fix: unknown keys list the valid ones, keys
+removed or renamed from the seed framework name their replacement, numbers written as strings
+(`"1e-5"`) are read as numbers. `check_semantics` holds the cross-field rules that the CRD states
+in CEL, for specs that never pass through an API server (the trainer's CLI).
+
+Depends on pydantic and the standard library only (the operator image has no torch).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from ppojob_api.vocabulary import (
+    GangScheduler,
+    KLEstimator,
+    Placement,
+    RewardType,
+    RolloutEngine,
+    TrainBackend,
+)
+
+
+class SpecError(ValueError):
+    """A spec that cannot run. `problems` lists one 'field: what is wrong and how to fix it' each."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        super().__init__("invalid PPOJob spec:\n  - " + "\n  - ".join(self.problems))
+
+
+class _Model(BaseModel):
+    # Lax mode keeps "1e-5" -> 1e-05 for floats; forbid turns unknown keys into errors.
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True
+    )
+
+
+class Parallelism(_Model):
+    tensor: int = Field(1, ge=1)
+    """Tensor-parallel size."""
+    pipeline: int = Field(1, ge=1)
+    """Pipeline-parallel size."""
+
+    @property
+    def model_parallel_size(self) -> int:
+        return self.tensor * self.pipeline
+
+
+class ModelSpec(_Model):
+    path: str = "builtin:tiny"
+    """Actor checkpoint: a Hugging Face directory, or builtin:tiny / builtin:smollm2-135m."""
+    tokenizer: str | None = None
+    """Tokenizer directory; defaults to `path`."""
+    dtype: str = Field("float32", pattern="^(float32|bfloat16)$")
+
+
+class ActorSpec(_Model):
+    backend: TrainBackend = TrainBackend.TORCH
+    learning_rate: float = Field(1.0e-6, gt=0)
+    micro_batch_size: int = Field(8, ge=1)
+    max_grad_norm: float = Field(1.0, ge=0)
+    parallelism: Parallelism = Parallelism()
+
+
+class CriticSpec(_Model):
+    enabled: bool = True
+    learning_rate: float | None = Field(None, gt=0)
+    """Defaults to the actor's learning rate."""
+    load: str | None = None
+    """Critic checkpoint to start from; by default the critic starts from the actor's weights."""
+    save: str | None = None
+    updates_per_actor_update: int = Field(1, ge=1, le=16)
+    """K critic optimisation passes per actor update."""
+    parallelism: Parallelism = Parallelism()
+
+
+class RolloutSpec(_Model):
+    engine: RolloutEngine = RolloutEngine.TORCH
+    gpus: int = Field(0, ge=0)
+    tensor_parallel: int = Field(1, ge=1)
+    batch_size: int = Field(32, ge=1)
+    """Prompts per training step."""
+    samples_per_prompt: int = Field(1, ge=1)
+    max_new_tokens: int = Field(64, ge=1)
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    memory_fraction: float = Field(0.8, gt=0, le=1)
+
+
+class PPOSpec(_Model):
+    num_rollouts: int = Field(10, ge=1)
+    num_critic_only_steps: int = Field(0, ge=0)
+    epochs: int = Field(1, ge=1)
+    gamma: float = Field(1.0, ge=0, le=1)
+    lam: float = Field(0.95, ge=0, le=1, alias="lambda")
+    clip_eps: float = Field(0.2, gt=0)
+    clip_eps_high: float | None = None
+    dual_clip: float | None = Field(None, gt=1)
+    value_clip: float = Field(0.2, ge=0)
+    kl_coef: float = Field(0.01, ge=0)
+    kl_estimator: KLEstimator = KLEstimator.K1
+    entropy_coef: float = Field(0.0, ge=0)
+    normalize_advantages: bool = True
+    custom_advantage_function: str | None = Field(None, pattern=r"^[^:]+:[A-Za-z_][A-Za-z0-9_]*$")
+
+    def is_critic_only_step(self, step: int) -> bool:
+        """Steps 0 .. numCriticOnlySteps-1 train the critic alone."""
+        return step < self.num_critic_only_steps
+
+
+class OffloadSpec(_Model):
+    train: bool = True
+    rollout: bool = True
+
+
+class DataSpec(_Model):
+    prompts: str = "synthetic"
+    prompt_key: str = "prompt"
+    label_key: str = "label"
+
+
+class RewardSpec(_Model):
+    type: RewardType = RewardType.SYNTHETIC
+    function: str | None = Field(None, pattern=r"^[^:]+:[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class CheckpointSpec(_Model):
+    path: str = "/checkpoints"
+    volume_claim: str | None = None
+    interval: int = Field(1, ge=0)
+    keep: int = Field(2, ge=1)
+
+
+class ResourcesSpec(_Model):
+    nodes: int = Field(1, ge=1)
+    gpus_per_node: int = Field(8, ge=0, le=16)
+    cpus_per_node: str = "16"
+    memory_per_node: str = "128Gi"
+    shared_memory: str = "16Gi"
+    node_selector: dict[str, str] | None = None
+    tolerations: list[dict[str, Any]] | None = None
+
+    @property
+    def total_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+class SchedulingSpec(_Model):
+    gang_scheduler: GangScheduler = GangScheduler.COSCHEDULING
+    queue: str | None = None
+    priority_class_name: str | None = None
+    schedule_timeout_seconds: int = Field(600, ge=1)
+
+
+class RunPolicySpec(_Model):
+    backoff_limit: int = Field(3, ge=0)
+    active_deadline_seconds: int | None = Field(None, ge=1)
+    ttl_seconds_after_finished: int | None = Field(None, ge=0)
+    suspend: bool = False
+
+
+class PPOJobSpec(_Model):
+    image: str = Field(min_length=1)
+    image_pull_policy: str = Field("IfNotPresent", pattern="^(Always|IfNotPresent|Never)$")
+    seed: int = Field(1, ge=0)
+    model: ModelSpec = ModelSpec()
+    actor: ActorSpec = ActorSpec()
+    critic: CriticSpec = CriticSpec()
+    rollout: RolloutSpec = RolloutSpec()
+    placement: Placement = Placement.COLOCATE
+    ppo: PPOSpec = PPOSpec()
+    offload: OffloadSpec = OffloadSpec()
+    data: DataSpec = DataSpec()
+    reward: RewardSpec = RewardSpec()
+    checkpoint: CheckpointSpec = CheckpointSpec()
+    resources: ResourcesSpec = ResourcesSpec()
+    scheduling: SchedulingSpec = SchedulingSpec()
+    run_policy: RunPolicySpec = RunPolicySpec()
+
+    @property
+    def critic_learning_rate(self) -> float:
+        return self.critic.learning_rate or self.actor.learning_rate
+
+    @property
+    def train_offload(self) -> bool:
+        """With a critic, actor and critic take turns on the same devices, so they must offload."""
+        return self.offload.train or self.critic.enabled
+
+
+# Keys of the seed framework (or of earlier drafts) that users will write, and what replaced them.
+# Path of the section -> {old key: replacement}.
+RENAMED_KEYS: dict[str, dict[str, str]] = {
+    "spec": {
+        "criticLoad": "critic.load",
+        "criticSave": "critic.save",
+        "criticLr": "critic.learningRate",
+        "useCritic": "critic.enabled",
+        "numCriticOnlySteps": "ppo.numCriticOnlySteps",
+        "customAdvantageFunctionPath": "ppo.customAdvantageFunction",
+        "offloadTrain": "offload.train",
+        "offloadRollout": "offload.rollout",
+        "colocate": "placement: Colocate",
+    },
+    "spec.critic": {
+        "lr": "critic.learningRate",
+        "numNodes": "nothing: the critic shares the actor's GPUs (resources.nodes)",
+        "numGpusPerNode": "nothing: the critic shares the actor's GPUs (resources.gpusPerNode)",
+        "tensorModelParallelSize": "critic.parallelism.tensor",
+        "pipelineModelParallelSize": "critic.parallelism.pipeline",
+        "configPath": "the critic section itself: write its overrides here",
+    },
+    "spec.actor": {
+        "lr": "actor.learningRate",
+        "tensorModelParallelSize": "actor.parallelism.tensor",
+        "pipelineModelParallelSize": "actor.parallelism.pipeline",
+    },
+    "spec.ppo": {
+        "lambd": "ppo.lambda",
+        "lam": "ppo.lambda",
+        "epsClip": "ppo.clipEps",
+        "epsClipHigh": "ppo.clipEpsHigh",
+        "klLossCoef": "ppo.klCoef",
+        "customAdvantageFunctionPath": "ppo.customAdvantageFunction",
+    },
+}
+
+
+def _section_model(path: tuple) -> type[_Model] | None:
+    model: type[_Model] = PPOJobSpec
+    for key in path:
+        if not isinstance(key, str):
+            continue
+        field = next(
+            (f for name, f in model.model_fields.items() if (f.alias or name) == key or name == key), None
+        )
+        annotation = getattr(field, "annotation", None)
+        if not (isinstance(annotation, type) and issubclass(annotation, _Model)):
+            return None
+        model = annotation
+    return model
+
+
+def _field_names(model: type[_Model]) -> list[str]:
+    return [f.alias or to_camel(name) for name, f in model.model_fields.items()]
+
+
+def _describe(error: dict, root: str) -> str:
+    loc = tuple(error["loc"])
+    where = ".".join([root, *(str(p) for p in loc)])
+    if error["type"] == "extra_forbidden":
+        section = ".".join([root, *(str(p) for p in loc[:-1])])
+        key = str(loc[-1])
+        replacement = RENAMED_KEYS.get(section, {}).get(key)
+        if replacement:
+            return f"{where}: was removed; use {replacement}"
+        model = _section_model(loc[:-1])
+        valid = ", ".join(_field_names(model)) if model else "none"
+        return f"{where}: unknown field; valid fields here: {valid}"
+    if error["type"] == "missing":
+        return f"{where}: required; set it"
+    return f"{where}: {error['msg']} (got {error.get('input')!r})"
+
+
+def parse_spec(raw: dict[str, Any] | None, *, root: str = "spec") -> PPOJobSpec:
+    """Parse and validate a spec dict; raise SpecError listing every problem with its fix."""
+    if not isinstance(raw, dict):
+        raise SpecError([f"{root}: expected a mapping, got {type(raw).__name__}"])
+    try:
+        spec = PPOJobSpec.model_validate(raw)
+    except pydantic.ValidationError as exc:
+        raise SpecError([_describe(e, root) for e in exc.errors()]) from None
+    problems = check_semantics(spec)
+    if problems:
+        raise SpecError(problems)
+    return spec
+
+
+def check_semantics(spec: PPOJobSpec) -> list[str]:
+    """Cross-field rules; the same ones the CRD states in CEL, with the same messages."""
+    problems = []
+    ppo = spec.ppo
+    if ppo.num_critic_only_steps > ppo.num_rollouts:
+        problems.append(
+            f"ppo.numCriticOnlySteps ({ppo.num_critic_only_steps}) must not exceed ppo.numRollouts"
+            f" ({ppo.num_rollouts}): lower numCriticOnlySteps or raise numRollouts"
+        )
+    if ppo.num_critic_only_steps > 0 and not spec.critic.enabled:
+        problems.append(
+            "ppo.numCriticOnlySteps > 0 needs a critic: set critic.enabled to true or numCriticOnlySteps to 0"
+        )
+    if spec.placement == Placement.DISAGGREGATED and spec.rollout.gpus == 0:
+        problems.append(
+            "placement Disaggregated needs GPUs of its own for the rollout engines: set rollout.gpus > 0,"
+            " or use placement Colocate"
+        )
+    if spec.placement == Placement.COLOCATE and spec.rollout.gpus != 0:
+        problems.append(
+            "placement Colocate runs the rollout engines on the training GPUs: set rollout.gpus to 0,"
+            " or use placement Disaggregated"
+        )
+    if spec.critic.enabled and spec.critic.parallelism != spec.actor.parallelism:
+        problems.append(
+            "critic.parallelism must equal actor.parallelism for now (actor and critic share one placement"
+            " group and hand values rank to rank): copy actor.parallelism into critic.parallelism"
+        )
+    if spec.reward.type == RewardType.CUSTOM and not spec.reward.function:
+        problems.append("reward.type Custom needs reward.function, a 'module:function' reference")
+    model_parallel = spec.actor.parallelism.model_parallel_size
+    if spec.resources.gpus_per_node and spec.resources.total_gpus % model_parallel:
+        problems.append(
+            "resources.nodes * resources.gpusPerNode must be a multiple of actor.parallelism.tensor *"
+            " actor.parallelism.pipeline: adjust the GPU count or the parallel sizes"
+        )
+    if ppo.clip_eps_high is not None and ppo.clip_eps_high < ppo.clip_eps:
+        problems.append(
+            "ppo.clipEpsHigh must be at least ppo.clipEps (it widens the upper clip bound); remove it to use"
+            " clipEps on both sides"
+        )
+    return problems
+
+
+def spec_from_manifest(manifest: dict[str, Any]) -> PPOJobSpec:
+    """A PPOJob manifest (or a bare spec) -> PPOJobSpec."""
+    if "spec" in manifest and manifest.get("kind") in (None, "PPOJob"):
+        return parse_spec(manifest["spec"])
+    return parse_spec(manifest)
+
+
+def to_manifest_dict(spec: PPOJobSpec) -> dict[str, Any]:
+    """The spec as the API server would store it (camelCase, defaults filled, unset optionals dropped)."""
+    return spec.model_dump(mode="json", by_alias=True, exclude_none=True)

@@ -1,0 +1,133 @@
+"""The closed vocabulary of the PPOJob API: phases, stages, residencies, condition types, reasons.
+
+Handlers, the trainer and tests use these enums, never string literals. The values are the
+strings the CRD's enums accept (crds/ppojobs.ppojob.io.yaml); a unit test checks they agree.
+Depends on nothing but the standard library.
+"""
+
+from __future__ import annotations
+
+import enum
+
+GROUP = "ppojob.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "PPOJob"
+PLURAL = "ppojobs"
+
+# Labels put on every object created for a job, so that they can be listed and cleaned up.
+LABEL_JOB_NAME = "ppojob.io/job-name"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "ppojob-operator"
+
+
+class Phase(str, enum.Enum):
+    PENDING = "Pending"
+    SCHEDULING = "Scheduling"
+    INITIALIZING = "Initializing"
+    CRITIC_WARMUP = "CriticWarmup"
+    TRAINING = "Training"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    SUSPENDED = "Suspended"
+    RESTARTING = "Restarting"
+
+    @property
+    def is_finished(self) -> bool:
+        return self in (Phase.SUCCEEDED, Phase.FAILED)
+
+
+class Stage(str, enum.Enum):
+    """What the trainer is doing within a step."""
+
+    STARTING = "Starting"
+    GENERATE = "Generate"
+    CRITIC_TRAIN = "CriticTrain"
+    ACTOR_TRAIN = "ActorTrain"
+    WEIGHT_SYNC = "WeightSync"
+    CHECKPOINT = "Checkpoint"
+    DONE = "Done"
+
+
+class TrainResidency(str, enum.Enum):
+    """Where a training role's weights and optimizer state live."""
+
+    ON_DEVICE = "OnDevice"
+    OFFLOADED = "Offloaded"
+
+
+class RolloutResidency(str, enum.Enum):
+    AWAKE = "Awake"
+    ASLEEP = "Asleep"
+
+
+class ConditionType(str, enum.Enum):
+    VALID = "Valid"  # the spec passed the checks the schema cannot make
+    GANG_SCHEDULED = "GangScheduled"  # every pod of the job was placed together
+    CLUSTER_READY = "ClusterReady"  # the RayCluster reports ready
+    TRAINER_RUNNING = "TrainerRunning"  # the trainer was started and reports a heartbeat
+    CRITIC_WARMUP = "CriticWarmup"  # in the critic-only warm-up steps
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class Reason(str, enum.Enum):
+    """Reasons of conditions and events (CamelCase, as Kubernetes' own)."""
+
+    CREATED = "Created"
+    INVALID_SPEC = "InvalidSpec"
+    GANG_PENDING = "GangPending"
+    GANG_SCHEDULED = "GangScheduled"
+    GANG_TIMEOUT = "GangScheduleTimeout"
+    CLUSTER_READY = "ClusterReady"
+    CLUSTER_NOT_READY = "ClusterNotReady"
+    TRAINER_STARTED = "TrainerStarted"
+    TRAINER_LOST = "TrainerLost"
+    TRAINER_FAILED = "TrainerFailed"
+    WARMUP_STEP = "CriticWarmupStep"
+    WARMUP_DONE = "CriticWarmupDone"
+    TRAINING = "Training"
+    CHECKPOINT_WRITTEN = "CheckpointWritten"
+    POD_LOST = "PodLost"
+    RESTARTING = "Restarting"
+    BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
+    DEADLINE_EXCEEDED = "DeadlineExceeded"
+    SUSPENDED = "Suspended"
+    RESUMED = "Resumed"
+    SUCCEEDED = "Succeeded"
+    TTL_EXPIRED = "TTLExpired"
+
+
+class RewardType(str, enum.Enum):
+    SYNTHETIC = "Synthetic"
+    EXACT_ANSWER = "ExactAnswer"
+    CUSTOM = "Custom"
+
+
+class Placement(str, enum.Enum):
+    COLOCATE = "Colocate"
+    DISAGGREGATED = "Disaggregated"
+
+
+class RolloutEngine(str, enum.Enum):
+    TORCH = "Torch"
+    SGLANG = "SGLang"
+
+
+class TrainBackend(str, enum.Enum):
+    TORCH = "Torch"
+    MEGATRON = "Megatron"
+
+
+class GangScheduler(str, enum.Enum):
+    COSCHEDULING = "Coscheduling"
+    KUEUE = "Kueue"
+    VOLCANO = "Volcano"
+    NONE = "None"
+
+
+class KLEstimator(str, enum.Enum):
+    K1 = "k1"
+    K2 = "k2"
+    K3 = "k3"

@@ -1,0 +1,191 @@
+"""PPO losses and the masked reductions they stand on, as pure tensor functions.
+
+Shapes: ``B`` = batch, ``T`` = response length (right-padded), ``V`` = vocabulary. A ``mask`` is a
+float or bool tensor ``[B, T]`` with 1 on real response tokens. Every function takes tensors and
+explicit keyword hyperparameters and returns tensors; nothing here may depend on Ray, process
+groups, devices chosen at run time, or configuration objects.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "masked_sum",
+    "masked_mean",
+    "masked_whiten",
+    "policy_loss",
+    "value_loss",
+    "entropy_from_logits",
+    "log_probs_from_logits",
+]
+
+
+def _check_same_shape(**tensors: Tensor) -> None:
+    """Raise ValueError naming the arguments when the given tensors differ in shape."""
+    shapes = {name: tuple(t.shape) for name, t in tensors.items()}
+    if len(set(shapes.values())) > 1:
+        listed = ", ".join(f"{name} {shape}" for name, shape in shapes.items())
+        raise ValueError(f"shape mismatch: {listed}; these tensors must all have the same shape")
+
+
+def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Sum of ``x`` over the entries where ``mask`` is nonzero (weighted by a float mask).
+
+    x, mask: same shape. Returns a scalar (``dim=None``) or ``x`` reduced over ``dim``.
+    Entries outside the mask never contribute, even when they are NaN or inf.
+    """
+    _check_same_shape(x=x, mask=mask)
+    weighted = torch.where(mask.bool(), x * mask.to(x.dtype), torch.zeros_like(x))
+    return weighted.sum() if dim is None else weighted.sum(dim)
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Mean of ``x`` over the entries where ``mask`` is nonzero; 0 where the mask is empty.
+
+    x, mask: same shape. Returns a scalar (``dim=None``) or ``x`` reduced over ``dim``.
+    """
+    total = masked_sum(x, mask, dim)
+    count = masked_sum(torch.ones_like(x), mask, dim)
+    return torch.where(count > 0, total / count.clamp(min=torch.finfo(total.dtype).tiny), 0.0)
+
+
+def masked_whiten(x: Tensor, mask: Tensor, *, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
+    """Normalize ``x`` to zero mean and unit variance over its masked entries.
+
+    x, mask: ``[B, T]`` (any equal shapes). Mean and (population) variance are taken over all
+    valid entries together. ``shift_mean=False`` keeps the original mean and only rescales.
+    Returns the same shape as ``x`` with zeros where the mask is 0.
+    """
+    mean = masked_mean(x, mask)
+    var = masked_mean((x - mean) ** 2, mask)
+    whitened = (x - mean) * torch.rsqrt(var + eps)
+    if not shift_mean:
+        whitened = whitened + mean
+    return torch.where(mask.bool(), whitened, torch.zeros_like(whitened))
+
+
+def policy_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_eps: float,
+    clip_eps_high: float | None = None,
+    dual_clip: float | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO clipped surrogate loss, with asymmetric clipping and optional dual clip.
+
+    logp, old_logp, advantages, mask: ``[B, T]``. The ratio ``r = exp(logp - old_logp)`` is
+    clipped to ``[1 - clip_eps, 1 + clip_eps_high]`` (``clip_eps_high`` defaults to ``clip_eps``):
+
+        pg_loss1 = -A * r
+        pg_loss2 = -A * clip(r, 1 - clip_eps, 1 + clip_eps_high)
+        pg_loss  = max(pg_loss1, pg_loss2)
+
+    Dual clip (``dual_clip = c > 1``) bounds the loss of tokens with ``A < 0`` at ``-c * A``:
+    ``pg_loss3 = -c * A``; ``pg_loss = min(pg_loss, pg_loss3)`` where ``A < 0``.
+
+    Returns the masked mean of ``pg_loss`` (a scalar) and detached scalar statistics:
+    ``clipfrac`` (tokens where the clipped term was chosen), ``approx_kl`` (k3 estimate of
+    KL(old || new) on the sampled tokens), ``dual_clipfrac`` (tokens bounded by the dual clip).
+    """
+    _check_same_shape(logp=logp, old_logp=old_logp, advantages=advantages, mask=mask)
+    if clip_eps_high is None:
+        clip_eps_high = clip_eps
+    if clip_eps <= 0 or clip_eps_high <= 0:
+        raise ValueError(
+            f"clip_eps={clip_eps} and clip_eps_high={clip_eps_high} must both be > 0 (e.g. 0.2 and 0.28)"
+        )
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"dual_clip={dual_clip} must be > 1 (e.g. 3.0), or None to disable the dual clip")
+
+    log_ratio = logp - old_logp
+    ratio = torch.exp(log_ratio)
+    pg_loss1 = -advantages * ratio
+    pg_loss2 = -advantages * torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps_high)
+    pg_loss_clipped = torch.maximum(pg_loss1, pg_loss2)
+
+    if dual_clip is not None:
+        pg_loss3 = -advantages * dual_clip
+        dual_clipped = (advantages < 0) & (pg_loss_clipped > pg_loss3)
+        pg_loss = torch.where(dual_clipped, pg_loss3, pg_loss_clipped)
+    else:
+        dual_clipped = torch.zeros_like(mask, dtype=torch.bool)
+        pg_loss = pg_loss_clipped
+
+    loss = masked_mean(pg_loss, mask)
+    with torch.no_grad():
+        stats = {
+            "clipfrac": masked_mean((pg_loss2 > pg_loss1).to(logp.dtype), mask),
+            "approx_kl": masked_mean((ratio - 1.0) - log_ratio, mask),
+            "dual_clipfrac": masked_mean(dual_clipped.to(logp.dtype), mask),
+        }
+    return loss, stats
+
+
+def value_loss(
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    *,
+    clip_range: float | None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Clipped value loss: ``0.5 * max((v - R)^2, (v_clipped - R)^2)``, masked mean.
+
+    values, old_values, returns, mask: ``[B, T]``. ``v_clipped = old + clamp(v - old, -c, c)``
+    with ``c = clip_range``; ``clip_range=None`` gives the plain ``0.5 * (v - R)^2``.
+    Returns a scalar loss and detached statistics: ``clipfrac`` (tokens where the clipped term
+    was the larger one).
+    """
+    _check_same_shape(values=values, old_values=old_values, returns=returns, mask=mask)
+    v_loss_unclipped = (values - returns) ** 2
+    if clip_range is None:
+        v_loss_max = v_loss_unclipped
+        clipped = torch.zeros_like(values, dtype=torch.bool)
+    else:
+        if clip_range <= 0:
+            raise ValueError(f"clip_range={clip_range} must be > 0 (e.g. 0.2), or None for no clipping")
+        v_clipped = old_values + torch.clamp(values - old_values, -clip_range, clip_range)
+        v_loss_clipped = (v_clipped - returns) ** 2
+        v_loss_max = torch.maximum(v_loss_unclipped, v_loss_clipped)
+        clipped = v_loss_clipped > v_loss_unclipped
+    loss = 0.5 * masked_mean(v_loss_max, mask)
+    with torch.no_grad():
+        stats = {"clipfrac": masked_mean(clipped.to(values.dtype), mask)}
+    return loss, stats
+
+
+def _at_least_float32(logits: Tensor) -> Tensor:
+    return logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Entropy of the categorical distribution given by ``logits``: ``[B, T, V] -> [B, T]``.
+
+    Computed in at least float32; tokens with ``-inf`` logits (probability 0) contribute 0.
+    """
+    logits = _at_least_float32(logits)
+    logp = torch.log_softmax(logits, dim=-1)
+    p = logp.exp()
+    return -(p * torch.where(p > 0, logp, torch.zeros_like(logp))).sum(dim=-1)
+
+
+def log_probs_from_logits(logits: Tensor, tokens: Tensor) -> Tensor:
+    """Log-probability of each token under ``logits``: ``[B, T, V], [B, T] -> [B, T]``.
+
+    ``log_softmax(logits)[b, t, tokens[b, t]]``, computed stably as the gathered logit minus the
+    logsumexp over the vocabulary, in at least float32, without materialising the full
+    log-softmax.
+    """
+    if tuple(tokens.shape) != tuple(logits.shape[:-1]):
+        raise ValueError(
+            f"tokens have shape {tuple(tokens.shape)}; expected {tuple(logits.shape[:-1])}, "
+            f"the logits' shape {tuple(logits.shape)} without its vocabulary dimension"
+        )
+    logits = _at_least_float32(logits)
+    picked = torch.gather(logits, dim=-1, index=tokens.long().unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(logits, dim=-1)

@@ -1,0 +1,53 @@
+"""The seam between the PPO roles and a training backend (torch today, megatron on GPUs).
+
+A backend owns one rank's model, optimizer and device residency, and the mechanics of forward
+and backward passes (micro-batching, gradient accumulation, clipping, the optimizer step). It
+knows nothing of PPO: the roles (ppo_trainer/roles) pass it a loss function. Heavy imports
+stay inside each backend's own module. One contract test runs against every backend.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator, Protocol
+
+import torch
+
+from ppo_trainer.batch import RolloutBatch
+
+# loss_fn(model_output, micro_batch_rows) -> (scalar loss, stats). model_output is [b, T]
+# per-token log-probs plus entropy for a policy ({"log_probs", "entropy"}), or values for a
+# critic ({"values"}); micro_batch_rows indexes the rows of the batch being trained on.
+LossFn = Callable[[dict[str, torch.Tensor], torch.Tensor], tuple[torch.Tensor, dict[str, float]]]
+
+
+class TrainBackend(Protocol):
+    """One rank of a policy (actor, reference) or value model (critic)."""
+
+    is_value_model: bool
+
+    def forward(self, batch: RolloutBatch, *, with_entropy: bool = False) -> dict[str, torch.Tensor]:
+        """No-grad pass over the whole batch: {"log_probs": [B, T]} (+"entropy") or {"values": [B, T]},
+        float32 on CPU."""
+        ...
+
+    def train(self, batch: RolloutBatch, loss_fn: LossFn, *, micro_batch_size: int) -> dict[str, float]:
+        """One optimizer step over the batch (gradients accumulated over micro-batches)."""
+        ...
+
+    def offload(self) -> None:
+        """Move parameters, gradients and optimizer state to host memory and free the device."""
+        ...
+
+    def onload(self) -> None:
+        """Bring everything back to the device."""
+        ...
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The policy's weights under the names a rollout engine expects (Hugging Face names)."""
+        ...
+
+    def state_dict(self) -> dict:
+        """Model and optimizer state, on CPU, for a checkpoint."""
+        ...
+
+    def load_state_dict(self, state: dict) -> None: ...
