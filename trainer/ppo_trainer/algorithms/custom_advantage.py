@@ -192,7 +192,7 @@ def load_function(ref: str) -> LoadedFunction:
             raise FunctionReferenceError(f"{ref!r}: {target!r} has no attribute {attr_path!r}")
         obj = getattr(obj, part)
     if not callable(obj):
-        raise FunctionReferenceError(f"{ref!r}: {attr_path!r} is a {type(obj).__name__}, not a callable")
+        raise FunctionReferenceError(f"{ref!r}: {attr_path!r} is not callable (it is of type {type(obj).__name__})")
     return LoadedFunction(ref=ref, fn=obj)
 
 

@@ -1,0 +1,217 @@
+"""Reward functions: a sequence score per (prompt, response, label), behind one small interface.
+
+``Reward.score(prompts, responses, labels) -> list[float]`` is the whole contract. Rewards here
+are plain Python over strings: nothing may depend on Ray, models, tokenizers or configuration
+objects.
+``build_reward`` maps a kind name and its options to an instance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ppo_trainer.algorithms.custom_advantage import FunctionReferenceError, describe_function, load_function
+
+__all__ = [
+    "Reward",
+    "ExactFinalAnswerReward",
+    "SyntheticReward",
+    "CustomReward",
+    "CustomRewardError",
+    "REWARD_KINDS",
+    "build_reward",
+    "extract_final_answer",
+]
+
+
+class CustomRewardError(ValueError):
+    """A custom reward function could not be loaded, failed, or returned a bad output."""
+
+
+class Reward(ABC):
+    """Scores responses: one float per (prompt, response, label), in order."""
+
+    @abstractmethod
+    def score(self, prompts: list[str], responses: list[str], labels: list[str | None]) -> list[float]:
+        """Return one finite score per response."""
+
+    @staticmethod
+    def _check_lengths(prompts: Sequence[Any], responses: Sequence[Any], labels: Sequence[Any]) -> None:
+        if not len(prompts) == len(responses) == len(labels):
+            raise ValueError(
+                f"prompts, responses and labels must have the same length; got {len(prompts)}, "
+                f"{len(responses)} and {len(labels)}"
+            )
+
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
+
+
+def _last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` in ``text`` (nested braces allowed), or None."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, i = 0, start + len("\\boxed")
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i + 1 : j]
+    return None  # unbalanced: no answer
+
+
+def extract_final_answer(text: str) -> str:
+    """The final answer in ``text``: the last ``\\boxed{}``, else what follows the last ``####``,
+    else the last number, else the whole text; stripped of spaces, ``$`` and a trailing period."""
+    answer = _last_boxed(text)
+    if answer is None and "####" in text:
+        answer = text.rsplit("####", 1)[1].strip().split("\n", 1)[0]
+    if answer is None:
+        numbers_found = _NUMBER.findall(text)
+        answer = numbers_found[-1] if numbers_found else text
+    return answer.strip().strip("$").strip().rstrip(".").strip()
+
+
+def _normalize(answer: str) -> str | float:
+    """A number when the answer reads as one (``1,000`` and ``1000.0`` -> 1000.0), else casefolded text."""
+    candidate = answer.replace(",", "").replace(" ", "")
+    try:
+        return float(candidate)
+    except ValueError:
+        return " ".join(answer.split()).casefold()
+
+
+@dataclass(frozen=True)
+class ExactFinalAnswerReward(Reward):
+    """1.0 when the response's final answer equals the label's, else 0.0.
+
+    The final answer is the last ``\\boxed{}``, else the text after the last ``####``, else the
+    last number (see ``extract_final_answer``); the label goes through the same extraction, so a
+    GSM8K-style label ``"... #### 72"`` works as well as ``"72"``. Numbers compare by value.
+    """
+
+    correct: float = 1.0
+    """Score of a correct answer."""
+    incorrect: float = 0.0
+    """Score of a wrong or missing answer."""
+
+    def score(self, prompts: list[str], responses: list[str], labels: list[str | None]) -> list[float]:
+        self._check_lengths(prompts, responses, labels)
+        scores = []
+        for i, (response, label) in enumerate(zip(responses, labels)):
+            if label is None:
+                raise ValueError(
+                    f"ExactFinalAnswerReward needs a label for every prompt; labels[{i}] is None "
+                    f"(set label_key to the field holding the answer, or use another reward)"
+                )
+            match = _normalize(extract_final_answer(response)) == _normalize(extract_final_answer(label))
+            scores.append(self.correct if match else self.incorrect)
+        return scores
+
+
+@dataclass(frozen=True)
+class SyntheticReward(Reward):
+    """Fraction of the response's characters that are in ``target``; 0.0 for an empty response.
+
+    A dense reward a tiny randomly initialised byte-level model can learn on a CPU: at random
+    init about ``len(target) / 256`` of the bytes hit, and every extra hit raises the reward.
+    Labels are ignored.
+    """
+
+    target: str = "a"
+    """The characters that count as hits (each one; e.g. ``"a"`` or ``"aeiou"``)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.target, str) or not self.target:
+            raise ValueError(f"SyntheticReward target must be a non-empty string, got {self.target!r}")
+
+    def score(self, prompts: list[str], responses: list[str], labels: list[str | None]) -> list[float]:
+        self._check_lengths(prompts, responses, labels)
+        hits = set(self.target)
+        return [sum(ch in hits for ch in r) / len(r) if r else 0.0 for r in responses]
+
+
+@dataclass(frozen=True)
+class CustomReward(Reward):
+    """A user's ``fn(prompts, responses, labels) -> list[float]``, with its output checked.
+
+    Built from a ``"package.module:function"`` or ``"/path/to/file.py:function"`` reference
+    (``CustomReward.load``). The output must be a list or tuple of finite real numbers, one per
+    response; anything else raises ``CustomRewardError`` naming the function.
+    """
+
+    fn: Callable[[list[str], list[str], list[str | None]], Sequence[float]]
+
+    @classmethod
+    def load(cls, ref: str) -> CustomReward:
+        try:
+            return cls(fn=load_function(ref))
+        except FunctionReferenceError as exc:
+            raise CustomRewardError(f"custom reward function {exc}") from exc
+
+    def score(self, prompts: list[str], responses: list[str], labels: list[str | None]) -> list[float]:
+        self._check_lengths(prompts, responses, labels)
+        name = describe_function(self.fn)
+        try:
+            out = self.fn(list(prompts), list(responses), list(labels))
+        except Exception as exc:
+            raise CustomRewardError(f"{name} raised {type(exc).__name__}: {exc}") from exc
+        if not isinstance(out, (list, tuple)):
+            raise CustomRewardError(f"{name} returned {type(out).__name__}; expected a list of floats")
+        if len(out) != len(responses):
+            raise CustomRewardError(f"{name} returned {len(out)} scores; expected {len(responses)}, one per response")
+        scores = []
+        for i, value in enumerate(out):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise CustomRewardError(
+                    f"{name} returned a {type(value).__name__} at index {i} ({value!r}); expected a float"
+                )
+            if not math.isfinite(value):
+                raise CustomRewardError(f"{name} returned a non-finite score at index {i} ({value!r})")
+            scores.append(float(value))
+        return scores
+
+
+_REWARD_CLASSES: dict[str, type[Reward]] = {
+    "exact_answer": ExactFinalAnswerReward,
+    "synthetic": SyntheticReward,
+}
+REWARD_KINDS = ("exact_answer", "synthetic", "custom")
+
+
+def build_reward(kind: str, *, custom_function: str | None = None, **options: Any) -> Reward:
+    """Build the reward ``kind`` (``exact_answer``, ``synthetic`` or ``custom``) from its options.
+
+    ``custom`` needs ``custom_function`` (a function reference) and takes no options; the other
+    kinds take their dataclass fields as options. Unknown kinds and options raise ValueError
+    listing the valid ones.
+    """
+    if kind not in REWARD_KINDS:
+        raise ValueError(f"unknown reward kind {kind!r}; valid kinds: {', '.join(REWARD_KINDS)}")
+    if kind == "custom":
+        if not custom_function:
+            raise ValueError("reward kind 'custom' needs custom_function, e.g. 'my_package.rewards:score'")
+        if options:
+            raise ValueError(f"reward kind 'custom' takes no options; got {', '.join(sorted(options))}")
+        return CustomReward.load(custom_function)
+    if custom_function is not None:
+        raise ValueError(f"custom_function is only used with reward kind 'custom', not {kind!r}")
+    cls = _REWARD_CLASSES[kind]
+    valid = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise ValueError(
+            f"unknown option(s) {', '.join(unknown)} for reward kind {kind!r}; valid options: "
+            f"{', '.join(valid) or '(none)'}"
+        )
+    return cls(**options)
