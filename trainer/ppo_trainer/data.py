@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Prompt", "load_jsonl_prompts", "synthetic_prompts", "PromptSampler"]
+__all__ = ["Prompt", "PromptSampler", "load_jsonl_prompts", "synthetic_prompts"]
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,9 @@ class Prompt:
     """The reference answer (e.g. the final number), or None when the reward needs none."""
 
 
-def load_jsonl_prompts(path: str | Path, *, prompt_key: str = "prompt", label_key: str = "label") -> list[Prompt]:
+def load_jsonl_prompts(
+    path: str | Path, *, prompt_key: str = "prompt", label_key: str = "label"
+) -> list[Prompt]:
     """Read one JSON object per line: ``prompt_key`` (a string) and optionally ``label_key``.
 
     Blank lines are skipped; a numeric label is read as its text (``72`` -> ``"72"``); a missing
@@ -39,6 +41,8 @@ def load_jsonl_prompts(path: str | Path, *, prompt_key: str = "prompt", label_ke
     if not path.is_file():
         raise FileNotFoundError(f"prompt file {str(path)!r} does not exist")
     prompts = []
+    # Every problem with the file's content is a ValueError (even a wrong type), so callers
+    # catch one exception type for "bad data file".
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
@@ -49,7 +53,7 @@ def load_jsonl_prompts(path: str | Path, *, prompt_key: str = "prompt", label_ke
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from exc
             if not isinstance(record, dict):
-                raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
+                raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")  # noqa: TRY004
             if prompt_key not in record:
                 raise ValueError(
                     f"{where}: missing key {prompt_key!r} (keys: {sorted(record)}); set prompt_key to the "
@@ -57,7 +61,7 @@ def load_jsonl_prompts(path: str | Path, *, prompt_key: str = "prompt", label_ke
                 )
             text = record[prompt_key]
             if not isinstance(text, str):
-                raise ValueError(f"{where}: {prompt_key!r} must be a string, got {type(text).__name__}")
+                raise ValueError(f"{where}: {prompt_key!r} must be a string, got {type(text).__name__}")  # noqa: TRY004
             label = record.get(label_key)
             if isinstance(label, (int, float)) and not isinstance(label, bool):
                 label = str(label)
@@ -105,7 +109,9 @@ class PromptSampler:
     ``position`` in epoch ``epoch``'s order.
     """
 
-    def __init__(self, prompts: Sequence[Prompt], batch_size: int, *, seed: int, shuffle: bool = True) -> None:
+    def __init__(
+        self, prompts: Sequence[Prompt], batch_size: int, *, seed: int, shuffle: bool = True
+    ) -> None:
         if not prompts:
             raise ValueError("PromptSampler needs at least one prompt; got an empty list")
         if batch_size < 1:
@@ -159,7 +165,9 @@ class PromptSampler:
         """Continue from ``state``; ValueError when it was saved for another dataset, seed or order."""
         missing = sorted({"epoch", "position", "seed", "shuffle", "num_prompts"} - set(state))
         if missing:
-            raise ValueError(f"PromptSampler state is missing {', '.join(missing)}; it must come from state_dict()")
+            raise ValueError(
+                f"PromptSampler state is missing {', '.join(missing)}; it must come from state_dict()"
+            )
         for key, mine in (("seed", self.seed), ("shuffle", self.shuffle), ("num_prompts", len(self.prompts))):
             if state[key] != mine:
                 raise ValueError(

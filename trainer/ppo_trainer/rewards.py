@@ -20,12 +20,12 @@ from typing import Any
 from ppo_trainer.algorithms.custom_advantage import FunctionReferenceError, describe_function, load_function
 
 __all__ = [
-    "Reward",
-    "ExactFinalAnswerReward",
-    "SyntheticReward",
+    "REWARD_KINDS",
     "CustomReward",
     "CustomRewardError",
-    "REWARD_KINDS",
+    "ExactFinalAnswerReward",
+    "Reward",
+    "SyntheticReward",
     "build_reward",
     "extract_final_answer",
 ]
@@ -169,7 +169,9 @@ class CustomReward(Reward):
         if not isinstance(out, (list, tuple)):
             raise CustomRewardError(f"{name} returned {type(out).__name__}; expected a list of floats")
         if len(out) != len(responses):
-            raise CustomRewardError(f"{name} returned {len(out)} scores; expected {len(responses)}, one per response")
+            raise CustomRewardError(
+                f"{name} returned {len(out)} scores; expected {len(responses)}, one per response"
+            )
         scores = []
         for i, value in enumerate(out):
             if isinstance(value, bool) or not isinstance(value, numbers.Real):

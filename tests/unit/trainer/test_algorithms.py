@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-
 from ppo_trainer.algorithms import (
     KL_ESTIMATORS,
     entropy_from_logits,
@@ -169,7 +168,9 @@ def test_kl_estimators_approach_true_kl_on_samples():
     samples = torch.multinomial(pi, 200_000, replacement=True, generator=gen)
     logp, ref_logp = pi.log()[samples][None], ref.log()[samples][None]
     for estimator in ("k1", "k3"):
-        assert kl_penalty(logp, ref_logp, estimator=estimator).mean().item() == pytest.approx(true_kl, abs=0.01)
+        assert kl_penalty(logp, ref_logp, estimator=estimator).mean().item() == pytest.approx(
+            true_kl, abs=0.01
+        )
 
 
 @pytest.mark.parametrize("estimator", KL_ESTIMATORS)
@@ -192,7 +193,12 @@ def test_kl_shaped_rewards_match_loop(mask, estimator):
 def test_kl_shaped_rewards_without_kl_put_the_score_on_the_last_token():
     mask = make_mask([3, 1, 0], 4)
     out = kl_shaped_rewards(
-        torch.tensor([1.0, 2.0, 3.0]), torch.zeros(3, 4), torch.ones(3, 4), mask.float(), kl_coef=0.0, estimator="k1"
+        torch.tensor([1.0, 2.0, 3.0]),
+        torch.zeros(3, 4),
+        torch.ones(3, 4),
+        mask.float(),
+        kl_coef=0.0,
+        estimator="k1",
     )
     expected = torch.tensor([[0, 0, 1.0, 0], [2.0, 0, 0, 0], [0, 0, 0, 0]])
     torch.testing.assert_close(out, expected)
@@ -200,7 +206,14 @@ def test_kl_shaped_rewards_without_kl_put_the_score_on_the_last_token():
 
 def test_kl_shaped_rewards_wrong_score_shape_is_explained():
     with pytest.raises(ValueError, match=r"scores have shape \(3,\); expected \(2,\)"):
-        kl_shaped_rewards(torch.zeros(3), torch.zeros(2, 4), torch.zeros(2, 4), torch.ones(2, 4), kl_coef=0.1, estimator="k1")
+        kl_shaped_rewards(
+            torch.zeros(3),
+            torch.zeros(2, 4),
+            torch.zeros(2, 4),
+            torch.ones(2, 4),
+            kl_coef=0.1,
+            estimator="k1",
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -318,14 +331,17 @@ def ref_policy_loss(logp, old_logp, adv, mask, clip_eps, clip_eps_high, dual_cli
 
 
 @pytest.mark.parametrize(
-    "clip_eps,clip_eps_high,dual_clip", [(0.2, None, None), (0.2, 0.28, None), (0.1, 0.3, 3.0), (0.2, None, 1.5)]
+    "clip_eps,clip_eps_high,dual_clip",
+    [(0.2, None, None), (0.2, 0.28, None), (0.1, 0.3, 3.0), (0.2, None, 1.5)],
 )
 def test_policy_loss_matches_loop(mask, clip_eps, clip_eps_high, dual_clip):
     shape = mask.shape
     old_logp = poison_padding(-randn(*shape, seed=23).abs(), mask)
     logp = poison_padding(old_logp + 0.5 * randn(*shape, seed=24), mask)  # ratios well outside the clip
     adv = poison_padding(2.0 * randn(*shape, seed=25), mask)
-    loss, stats = policy_loss(logp, old_logp, adv, mask, clip_eps=clip_eps, clip_eps_high=clip_eps_high, dual_clip=dual_clip)
+    loss, stats = policy_loss(
+        logp, old_logp, adv, mask, clip_eps=clip_eps, clip_eps_high=clip_eps_high, dual_clip=dual_clip
+    )
     high = clip_eps if clip_eps_high is None else clip_eps_high
     ref_loss, ref_stats = ref_policy_loss(logp, old_logp, adv, mask, clip_eps, high, dual_clip)
     assert loss.item() == pytest.approx(ref_loss, rel=1e-9, abs=1e-12)
@@ -347,12 +363,21 @@ def test_policy_loss_dual_clip_by_hand():
 
 def test_policy_loss_asymmetric_clip_by_hand():
     # ratio 1.25 with A = +1: clipped at 1 + 0.2 but not at 1 + 0.28.
-    logp, old_logp, adv, mask = torch.tensor([[math.log(1.25)]]), torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1)
+    logp, old_logp, adv, mask = (
+        torch.tensor([[math.log(1.25)]]),
+        torch.zeros(1, 1),
+        torch.ones(1, 1),
+        torch.ones(1, 1),
+    )
     assert policy_loss(logp, old_logp, adv, mask, clip_eps=0.2)[0].item() == pytest.approx(-1.2)
-    assert policy_loss(logp, old_logp, adv, mask, clip_eps=0.2, clip_eps_high=0.28)[0].item() == pytest.approx(-1.25)
+    assert policy_loss(logp, old_logp, adv, mask, clip_eps=0.2, clip_eps_high=0.28)[
+        0
+    ].item() == pytest.approx(-1.25)
     # ratio 0.75 with A = -1: the low side uses clip_eps only.
     low = torch.tensor([[math.log(0.75)]])
-    assert policy_loss(low, old_logp, -adv, mask, clip_eps=0.2, clip_eps_high=0.28)[0].item() == pytest.approx(0.8)
+    assert policy_loss(low, old_logp, -adv, mask, clip_eps=0.2, clip_eps_high=0.28)[
+        0
+    ].item() == pytest.approx(0.8)
 
 
 def test_policy_loss_at_ratio_one_is_minus_mean_advantage_and_gradient_is_masked():
@@ -369,8 +394,13 @@ def test_policy_loss_at_ratio_one_is_minus_mean_advantage_and_gradient_is_masked
 
 def test_policy_loss_clipped_tokens_get_no_gradient():
     logp = torch.tensor([[math.log(2.0)]], dtype=torch.float64, requires_grad=True)
-    loss, _ = policy_loss(logp, torch.zeros(1, 1, dtype=torch.float64), torch.ones(1, 1, dtype=torch.float64),
-                          torch.ones(1, 1), clip_eps=0.2)
+    loss, _ = policy_loss(
+        logp,
+        torch.zeros(1, 1, dtype=torch.float64),
+        torch.ones(1, 1, dtype=torch.float64),
+        torch.ones(1, 1),
+        clip_eps=0.2,
+    )
     loss.backward()
     assert logp.grad.item() == 0.0
 
@@ -378,7 +408,14 @@ def test_policy_loss_clipped_tokens_get_no_gradient():
 @pytest.mark.parametrize("dual_clip", [1.0, 0.5, -2.0])
 def test_policy_loss_rejects_dual_clip_not_above_one(dual_clip):
     with pytest.raises(ValueError, match=rf"dual_clip={dual_clip} must be > 1"):
-        policy_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), clip_eps=0.2, dual_clip=dual_clip)
+        policy_loss(
+            torch.zeros(1, 1),
+            torch.zeros(1, 1),
+            torch.zeros(1, 1),
+            torch.ones(1, 1),
+            clip_eps=0.2,
+            dual_clip=dual_clip,
+        )
 
 
 def test_policy_loss_rejects_non_positive_clip_eps():
@@ -424,7 +461,9 @@ def test_value_loss_matches_loop(mask, clip_range):
 
 def test_value_loss_clipping_by_hand():
     # old 0, new 1, return 2, c = 0.2: unclipped (1-2)^2 = 1, clipped (0.2-2)^2 = 3.24 -> 0.5 * 3.24.
-    loss, stats = value_loss(torch.ones(1, 1), torch.zeros(1, 1), torch.full((1, 1), 2.0), torch.ones(1, 1), clip_range=0.2)
+    loss, stats = value_loss(
+        torch.ones(1, 1), torch.zeros(1, 1), torch.full((1, 1), 2.0), torch.ones(1, 1), clip_range=0.2
+    )
     assert loss.item() == pytest.approx(1.62)
     assert stats["clipfrac"].item() == 1.0
 

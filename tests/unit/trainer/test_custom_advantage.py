@@ -8,7 +8,6 @@ import textwrap
 
 import pytest
 import torch
-
 from ppo_trainer.algorithms import gae
 from ppo_trainer.algorithms.custom_advantage import (
     AdvantageInputs,
@@ -184,7 +183,7 @@ def test_plain_callable_returning_dataclass():
     def fn(batch):
         return AdvantageOutputs(advantages=batch.rewards * 2, returns=batch.rewards)
 
-    adv, ret = compute_custom_advantages(fn, make_inputs())
+    adv, _ = compute_custom_advantages(fn, make_inputs())
     assert adv.shape == (3, 4)
 
 
@@ -203,13 +202,17 @@ def test_error_for_missing_returns(user_module):
 def test_error_for_none_and_inputs_are_copies(user_module):
     inputs = make_inputs()
     before = inputs.rewards.clone()
-    with pytest.raises(CustomAdvantageError, match=r"returns_nothing returned None; it must return an AdvantageOutputs"):
+    with pytest.raises(
+        CustomAdvantageError, match=r"returns_nothing returned None; it must return an AdvantageOutputs"
+    ):
         compute_custom_advantages(load_advantage_function(f"{user_module}:returns_nothing"), inputs)
     assert torch.equal(inputs.rewards, before)
 
 
 def test_error_for_non_finite_on_valid_tokens(user_module):
-    with pytest.raises(CustomAdvantageError, match=r"nan_on_valid returned advantages with 1 non-finite .* first at \[1, 0\]"):
+    with pytest.raises(
+        CustomAdvantageError, match=r"nan_on_valid returned advantages with 1 non-finite .* first at \[1, 0\]"
+    ):
         compute_custom_advantages(load_advantage_function(f"{user_module}:nan_on_valid"), make_inputs())
 
 
@@ -221,12 +224,16 @@ def test_non_finite_on_padding_is_ignored_and_zeroed(user_module):
 
 
 def test_error_for_non_tensor(user_module):
-    with pytest.raises(CustomAdvantageError, match=r"list_output returned advantages of type list; expected a torch\.Tensor"):
+    with pytest.raises(
+        CustomAdvantageError, match=r"list_output returned advantages of type list; expected a torch\.Tensor"
+    ):
         compute_custom_advantages(load_advantage_function(f"{user_module}:list_output"), make_inputs())
 
 
 def test_error_for_integer_tensor(user_module):
-    with pytest.raises(CustomAdvantageError, match=r"integer_output returned advantages of dtype torch\.int64"):
+    with pytest.raises(
+        CustomAdvantageError, match=r"integer_output returned advantages of dtype torch\.int64"
+    ):
         compute_custom_advantages(load_advantage_function(f"{user_module}:integer_output"), make_inputs())
 
 
@@ -239,7 +246,9 @@ def test_error_names_a_plain_callable_by_qualified_name():
     def bad(batch):
         return object()
 
-    with pytest.raises(CustomAdvantageError, match=r"test_custom_advantage:.*bad returned object without 'advantages'"):
+    with pytest.raises(
+        CustomAdvantageError, match=r"test_custom_advantage:.*bad returned object without 'advantages'"
+    ):
         compute_custom_advantages(bad, make_inputs())
 
 

@@ -6,7 +6,6 @@ import json
 from collections import Counter
 
 import pytest
-
 from ppo_trainer.data import Prompt, PromptSampler, load_jsonl_prompts, synthetic_prompts
 
 
@@ -51,7 +50,9 @@ def test_load_jsonl_bad_json_names_file_and_line(tmp_path):
 
 def test_load_jsonl_missing_key_names_file_line_and_keys(tmp_path):
     path = write_lines(tmp_path, [json.dumps({"prompt": "ok"}), json.dumps({"question": "q"})])
-    with pytest.raises(ValueError, match=rf"{path}:2: missing key 'prompt' \(keys: \['question'\]\); set prompt_key"):
+    with pytest.raises(
+        ValueError, match=rf"{path}:2: missing key 'prompt' \(keys: \['question'\]\); set prompt_key"
+    ):
         load_jsonl_prompts(path)
 
 
@@ -154,7 +155,9 @@ def test_sampler_rejects_state_of_another_dataset_or_seed():
     with pytest.raises(ValueError, match=r"saved with seed=1 but this sampler has seed=2"):
         PromptSampler(numbered(10), 2, seed=2).load_state_dict(state)
     with pytest.raises(ValueError, match=r"missing epoch, position"):
-        PromptSampler(numbered(10), 2, seed=1).load_state_dict({"seed": 1, "shuffle": True, "num_prompts": 10})
+        PromptSampler(numbered(10), 2, seed=1).load_state_dict(
+            {"seed": 1, "shuffle": True, "num_prompts": 10}
+        )
     with pytest.raises(ValueError, match=r"position=10"):
         PromptSampler(numbered(10), 2, seed=1).load_state_dict({**state, "position": 10})
 

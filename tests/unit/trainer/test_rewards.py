@@ -6,7 +6,6 @@ import random
 import textwrap
 
 import pytest
-
 from ppo_trainer.rewards import (
     REWARD_KINDS,
     CustomReward,
@@ -88,7 +87,9 @@ def test_synthetic_reward_is_dense_and_near_zero_for_random_bytes():
     # A random byte-level model hits 'a' about 1/256 of the time: a small but nonzero start,
     # and every extra 'a' raises the score, so PPO has a gradient to follow.
     rng = random.Random(0)
-    responses = [bytes(rng.randrange(256) for _ in range(32)).decode("utf-8", errors="replace") for _ in range(64)]
+    responses = [
+        bytes(rng.randrange(256) for _ in range(32)).decode("utf-8", errors="replace") for _ in range(64)
+    ]
     scores = SyntheticReward().score(["p"] * 64, responses, [None] * 64)
     assert 0.0 < sum(scores) / len(scores) < 0.02
     assert score_one(SyntheticReward(), "a" + "x" * 31) < score_one(SyntheticReward(), "aa" + "x" * 30)
@@ -177,12 +178,16 @@ def test_build_reward_kinds():
 
 
 def test_build_reward_unknown_kind_lists_valid_kinds():
-    with pytest.raises(ValueError, match=r"unknown reward kind 'gsm8k'; valid kinds: exact_answer, synthetic, custom"):
+    with pytest.raises(
+        ValueError, match=r"unknown reward kind 'gsm8k'; valid kinds: exact_answer, synthetic, custom"
+    ):
         build_reward("gsm8k")
 
 
 def test_build_reward_unknown_option_lists_valid_options():
-    with pytest.raises(ValueError, match=r"unknown option\(s\) letter for reward kind 'synthetic'; valid options: target"):
+    with pytest.raises(
+        ValueError, match=r"unknown option\(s\) letter for reward kind 'synthetic'; valid options: target"
+    ):
         build_reward("synthetic", letter="a")
 
 

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from ppo_trainer.algorithms.ppo import _check_same_shape
 
-__all__ = ["KL_ESTIMATORS", "kl_penalty", "kl_shaped_rewards", "gae"]
+__all__ = ["KL_ESTIMATORS", "gae", "kl_penalty", "kl_shaped_rewards"]
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 """Schulman's estimators of KL(pi || ref) from tokens sampled from pi."""

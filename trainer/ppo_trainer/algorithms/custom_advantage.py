@@ -48,10 +48,10 @@ __all__ = [
     "CustomAdvantageError",
     "FunctionReferenceError",
     "LoadedFunction",
-    "load_function",
-    "load_advantage_function",
     "compute_custom_advantages",
     "describe_function",
+    "load_advantage_function",
+    "load_function",
 ]
 
 
@@ -83,7 +83,9 @@ class AdvantageInputs:
     def __post_init__(self) -> None:
         for name in ("rewards", "values", "mask", "scores"):
             if not isinstance(getattr(self, name), Tensor):
-                raise TypeError(f"AdvantageInputs.{name} must be a torch.Tensor, got {type(getattr(self, name)).__name__}")
+                raise TypeError(
+                    f"AdvantageInputs.{name} must be a torch.Tensor, got {type(getattr(self, name)).__name__}"
+                )
         if self.mask.dim() != 2:
             raise ValueError(f"AdvantageInputs.mask must be [B, T], got shape {tuple(self.mask.shape)}")
         for name in ("rewards", "values"):
@@ -136,7 +138,9 @@ def describe_function(fn: Callable[..., Any]) -> str:
 
 def _import_file(path: Path, ref: str) -> Any:
     if path.suffix != ".py":
-        raise FunctionReferenceError(f"{ref!r}: {str(path)!r} is not a Python file; expected a path ending in .py")
+        raise FunctionReferenceError(
+            f"{ref!r}: {str(path)!r} is not a Python file; expected a path ending in .py"
+        )
     if not path.is_file():
         raise FunctionReferenceError(f"{ref!r}: file {str(path)!r} does not exist")
     digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:10]
@@ -150,7 +154,9 @@ def _import_file(path: Path, ref: str) -> Any:
         spec.loader.exec_module(module)
     except Exception as exc:
         del sys.modules[module_name]
-        raise FunctionReferenceError(f"{ref!r}: executing {str(path)!r} failed: {type(exc).__name__}: {exc}") from exc
+        raise FunctionReferenceError(
+            f"{ref!r}: executing {str(path)!r} failed: {type(exc).__name__}: {exc}"
+        ) from exc
     return module
 
 
@@ -163,14 +169,12 @@ def load_function(ref: str) -> LoadedFunction:
     """
     if not isinstance(ref, str) or ref.count(":") < 1:
         raise FunctionReferenceError(
-            f"{ref!r} has the wrong form; expected 'package.module:function' "
-            f"or '/path/to/file.py:function'"
+            f"{ref!r} has the wrong form; expected 'package.module:function' or '/path/to/file.py:function'"
         )
     target, _, attr_path = ref.rpartition(":")
     if not target or not attr_path or not all(part.isidentifier() for part in attr_path.split(".")):
         raise FunctionReferenceError(
-            f"{ref!r} has the wrong form; expected 'package.module:function' "
-            f"or '/path/to/file.py:function'"
+            f"{ref!r} has the wrong form; expected 'package.module:function' or '/path/to/file.py:function'"
         )
 
     if target.endswith(".py") or "/" in target or "\\" in target:
@@ -184,7 +188,9 @@ def load_function(ref: str) -> LoadedFunction:
                 f"or give a file path like '/path/to/file.py:function'"
             ) from exc
         except Exception as exc:
-            raise FunctionReferenceError(f"{ref!r}: importing {target!r} failed: {type(exc).__name__}: {exc}") from exc
+            raise FunctionReferenceError(
+                f"{ref!r}: importing {target!r} failed: {type(exc).__name__}: {exc}"
+            ) from exc
 
     obj: Any = module
     for part in attr_path.split("."):
@@ -192,7 +198,9 @@ def load_function(ref: str) -> LoadedFunction:
             raise FunctionReferenceError(f"{ref!r}: {target!r} has no attribute {attr_path!r}")
         obj = getattr(obj, part)
     if not callable(obj):
-        raise FunctionReferenceError(f"{ref!r}: {attr_path!r} is not callable (it is of type {type(obj).__name__})")
+        raise FunctionReferenceError(
+            f"{ref!r}: {attr_path!r} is not callable (it is of type {type(obj).__name__})"
+        )
     return LoadedFunction(ref=ref, fn=obj)
 
 
@@ -225,14 +233,18 @@ def _get_output(out: Any, key: str, name: str) -> Any:
 
 def _check_output(value: Any, key: str, name: str, mask: Tensor) -> Tensor:
     if not isinstance(value, Tensor):
-        raise CustomAdvantageError(f"{name} returned {key} of type {type(value).__name__}; expected a torch.Tensor")
+        raise CustomAdvantageError(
+            f"{name} returned {key} of type {type(value).__name__}; expected a torch.Tensor"
+        )
     if tuple(value.shape) != tuple(mask.shape):
         raise CustomAdvantageError(
             f"{name} returned {key} of shape {tuple(value.shape)}; expected {tuple(mask.shape)}, "
             f"the response mask's shape"
         )
     if not value.is_floating_point():
-        raise CustomAdvantageError(f"{name} returned {key} of dtype {value.dtype}; expected a floating-point tensor")
+        raise CustomAdvantageError(
+            f"{name} returned {key} of dtype {value.dtype}; expected a floating-point tensor"
+        )
     valid = mask.to(value.device).bool()
     bad = valid & ~torch.isfinite(value)
     if bool(bad.any()):

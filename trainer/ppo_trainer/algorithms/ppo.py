@@ -12,13 +12,13 @@ import torch
 from torch import Tensor
 
 __all__ = [
-    "masked_sum",
+    "entropy_from_logits",
+    "log_probs_from_logits",
     "masked_mean",
+    "masked_sum",
     "masked_whiten",
     "policy_loss",
     "value_loss",
-    "entropy_from_logits",
-    "log_probs_from_logits",
 ]
 
 
