@@ -1,0 +1,486 @@
+"""Start, attach to and stop the local Kubernetes cluster: real binaries as processes on 127.0.0.1.
+
+Each component runs in its own process group with its log under <state>/logs/. Their pids (and
+/proc start times, so a recycled pid is never mistaken for ours) are recorded in
+<state>/cluster.json; `stop` signals exactly those process groups and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import build as builder
+from . import manifests
+from .pins import Pins, build_dir, default_state_dir, load_pins
+from .pki import ensure_pki, kubeconfig_text
+
+HOST = "127.0.0.1"
+
+# Fixed loopback ports, so that a second process (pytest, make, a shell) can find a running cluster.
+PORTS: dict[str, int] = {
+    "etcd": 23790,
+    "etcd-peer": 23800,
+    "kube-apiserver": 16443,
+    "kube-controller-manager": 16457,
+    "kube-scheduler": 16459,
+    "gang-scheduler": 16460,
+    "gang-controller-metrics": 16461,
+    "gang-controller-probe": 16462,
+    "kuberay-metrics": 16463,
+    "kuberay-probe": 16464,
+    "kwok": 16465,
+}
+
+GANG_SCHEDULER_NAME = "scheduler-plugins-scheduler"
+SERVICE_CIDR = "10.96.0.0/16"
+POD_CIDR = "10.244.0.1/16"
+
+
+class ClusterError(RuntimeError):
+    """A component failed to start or become ready; the message names it and its log."""
+
+
+def _proc_start_time(pid: int) -> str | None:
+    """Field 22 of /proc/<pid>/stat (start time in clock ticks), or None if no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _alive(record: dict) -> bool:
+    return _proc_start_time(record["pid"]) == record["start_time"]
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((HOST, port))
+        except OSError:
+            return False
+    return True
+
+
+def _log_tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "".join(path.read_text(errors="replace").splitlines(keepends=True)[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+@dataclass
+class LocalCluster:
+    """A handle on the local cluster: started by this process (`start`) or found running (`attach`)."""
+
+    state_dir: Path = field(default_factory=default_state_dir)
+    pins: Pins = field(default_factory=load_pins)
+    owns_processes: bool = False
+    _popen: dict[str, subprocess.Popen] = field(default_factory=dict, repr=False)
+
+    # ---- paths --------------------------------------------------------------------------------
+    @property
+    def bin_dir(self) -> Path:
+        return build_dir(self.pins) / "bin"
+
+    @property
+    def kubeconfig(self) -> Path:
+        """Admin kubeconfig (client certificate in group system:masters)."""
+        return self.state_dir / "kubeconfig"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.state_dir / "logs"
+
+    @property
+    def record_file(self) -> Path:
+        return self.state_dir / "cluster.json"
+
+    @property
+    def server(self) -> str:
+        return f"https://{HOST}:{PORTS['kube-apiserver']}"
+
+    # ---- running tools ------------------------------------------------------------------------
+    def env(self) -> dict[str, str]:
+        """os.environ with KUBECONFIG set to this cluster and its bin dir first on PATH."""
+        env = dict(os.environ)
+        env["KUBECONFIG"] = str(self.kubeconfig)
+        env["PATH"] = f"{self.bin_dir}{os.pathsep}{env.get('PATH', '')}"
+        return env
+
+    def _tool(self, tool: str, args: tuple[str, ...], check: bool, input: str | None,
+              timeout: float) -> subprocess.CompletedProcess:
+        cmd = [str(self.bin_dir / tool), *args]
+        result = subprocess.run(cmd, env=self.env(), input=input, capture_output=True, text=True, timeout=timeout)
+        if check and result.returncode != 0:
+            raise subprocess.CalledProcessError(result.returncode, cmd, result.stdout, result.stderr)
+        return result
+
+    def kubectl(self, *args: str, check: bool = True, input: str | None = None,
+                timeout: float = 120) -> subprocess.CompletedProcess:
+        """Run this cluster's kubectl as the admin; text output captured."""
+        return self._tool("kubectl", args, check, input, timeout)
+
+    def helm(self, *args: str, check: bool = True, input: str | None = None,
+             timeout: float = 300) -> subprocess.CompletedProcess:
+        """Run helm v3 (built with the cluster) against this cluster as the admin."""
+        return self._tool("helm", args, check, input, timeout)
+
+    def apply(self, yaml_text: str, *extra: str) -> subprocess.CompletedProcess:
+        """`kubectl apply -f -` with the given manifest text."""
+        return self.kubectl("apply", "-f", "-", *extra, input=yaml_text)
+
+    def create_token(self, service_account: str, namespace: str = "default", duration: str = "1h") -> str:
+        """A ServiceAccount token from the TokenRequest API (what `kubectl create token` does)."""
+        return self.kubectl("create", "token", service_account, "-n", namespace,
+                            f"--duration={duration}").stdout.strip()
+
+    def add_fake_node(self, name: str, gpus: int | None = None, cpu: str | None = None,
+                      memory: str | None = None, wait: float = 60) -> None:
+        """Add a KWOK-managed fake node (defaults from versions.env) and wait until it is Ready."""
+        p = self.pins.values
+        self.apply(manifests.fake_node(name, int(gpus if gpus is not None else p.get("FAKE_NODE_GPUS", 8)),
+                                       cpu or p.get("FAKE_NODE_CPU", "64"), memory or p.get("FAKE_NODE_MEMORY", "512Gi")))
+        self.kubectl("wait", "--for=condition=Ready", f"node/{name}", f"--timeout={int(wait)}s", timeout=wait + 30)
+
+    def delete_node(self, name: str) -> None:
+        self.kubectl("delete", "node", name, "--ignore-not-found", "--wait=true")
+
+    def default_node_names(self) -> list[str]:
+        return [manifests.node_name(i) for i in range(int(self.pins.values.get("FAKE_NODE_COUNT", 4)))]
+
+    # ---- health -------------------------------------------------------------------------------
+    def _admin_ssl(self) -> ssl.SSLContext:
+        pki = self.state_dir / "pki"
+        ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        ctx.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+        return ctx
+
+    @staticmethod
+    def _get(url: str, ctx: ssl.SSLContext | None = None, timeout: float = 3) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(url, context=ctx, timeout=timeout) as resp:
+                return resp.status, resp.read().decode(errors="replace")
+        except urllib.error.HTTPError as err:
+            return err.code, err.read().decode(errors="replace")
+        except (urllib.error.URLError, OSError) as err:
+            return 0, str(err)
+
+    def apiserver_ready(self) -> bool:
+        if not (self.state_dir / "pki" / "complete").exists():
+            return False
+        status, _ = self._get(f"{self.server}/readyz", self._admin_ssl())
+        return status == 200
+
+    def _insecure_ssl(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE  # components' self-signed serving certs, loopback health checks only
+        return ctx
+
+    def _checks(self) -> dict[str, callable]:
+        """Readiness probe per component (after the API server is up)."""
+        insecure = self._insecure_ssl()
+
+        def https_ok(port: int) -> callable:
+            return lambda: self._get(f"https://{HOST}:{port}/healthz", insecure)[0] == 200
+
+        def http_ok(port: int, path: str) -> callable:
+            return lambda: self._get(f"http://{HOST}:{port}{path}")[0] == 200
+
+        return {
+            "kube-controller-manager": https_ok(PORTS["kube-controller-manager"]),
+            "kube-scheduler": https_ok(PORTS["kube-scheduler"]),
+            "gang-scheduler": https_ok(PORTS["gang-scheduler"]),
+            "gang-controller": http_ok(PORTS["gang-controller-probe"], "/readyz"),
+            "kuberay-operator": http_ok(PORTS["kuberay-probe"], "/readyz"),
+        }
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    def _read_record(self) -> dict | None:
+        try:
+            return json.loads(self.record_file.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def _write_record(self, record: dict) -> None:
+        tmp = self.record_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record, indent=2) + "\n")
+        tmp.replace(self.record_file)
+
+    def is_running(self) -> bool:
+        record = self._read_record()
+        if not record or not record.get("ready"):
+            return False
+        if not all(_alive(p) for p in record["processes"].values()):
+            return False
+        return self.apiserver_ready()
+
+    @classmethod
+    def attach(cls, state_dir: Path | str | None = None) -> "LocalCluster":
+        """A handle on a cluster already running from `state_dir` (e.g. `make cluster-up`); never stops it."""
+        cluster = cls(state_dir=Path(state_dir) if state_dir else default_state_dir())
+        if not cluster.is_running():
+            raise ClusterError(f"no ready local cluster is recorded in {cluster.record_file}; "
+                               "start one with `python -m local_cluster up`")
+        record = cluster._read_record()
+        if record.get("pins_key") != cluster.pins.key():
+            raise ClusterError(f"the running cluster was built from other pins ({record.get('pins_key')}) than "
+                               f"versions.env ({cluster.pins.key()}); restart it: down, then up")
+        return cluster
+
+    @classmethod
+    def running(cls, state_dir: Path | str | None = None) -> "LocalCluster | None":
+        """`attach`, or None when no ready cluster is recorded."""
+        try:
+            return cls.attach(state_dir)
+        except ClusterError:
+            return None
+
+    @classmethod
+    def start(cls, state_dir: Path | str | None = None, timeout: float = 180, out=None) -> "LocalCluster":
+        """Build if needed, start every component, wait for readiness. The returned handle owns them."""
+        cluster = cls(state_dir=Path(state_dir) if state_dir else default_state_dir(), owns_processes=True)
+        cluster._start(timeout, out)
+        return cluster
+
+    def _say(self, out, text: str) -> None:
+        if out is not None:
+            print(text, file=out, flush=True)
+
+    def _start(self, timeout: float, out) -> None:
+        t0 = time.monotonic()
+        builder.build(self.pins, out=out) if out is not None else builder.build(self.pins, out=open(os.devnull, "w"))
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        stale = self._read_record()
+        if stale:
+            self._stop_record(stale)
+        busy = [f"{name} ({port})" for name, port in PORTS.items() if not _port_free(port)]
+        if busy:
+            raise ClusterError(f"ports on {HOST} already in use: {', '.join(busy)}; another cluster may be "
+                               "running (`python -m local_cluster down`) or another program holds them")
+        self.log_dir.mkdir(exist_ok=True)
+        for old in self.log_dir.glob("*.log"):
+            old.unlink()
+        pki = ensure_pki(self.state_dir / "pki")
+        self._write_configs(pki)
+        data = self.state_dir / "etcd-data"
+        shutil.rmtree(data, ignore_errors=True)
+        record = {"pins_key": self.pins.key(), "bin_dir": str(self.bin_dir), "kubeconfig": str(self.kubeconfig),
+                  "ports": PORTS, "processes": {}, "ready": False}
+        self._write_record(record)
+        deadline = time.monotonic() + timeout
+        try:
+            self._spawn("etcd", self._etcd_args(data), record)
+            self._wait("etcd", lambda: self._get(f"http://{HOST}:{PORTS['etcd']}/health")[0] == 200, deadline)
+            self._spawn("kube-apiserver", self._apiserver_args(pki), record)
+            self._wait("kube-apiserver", self.apiserver_ready, deadline)
+            t_api = time.monotonic()
+            self._apply_crds()
+            for name, args in self._component_args(pki).items():
+                self._spawn(name, args, record)
+            self.apply(manifests.fake_nodes(self.pins.values))
+            for name, check in self._checks().items():
+                self._wait(name, check, deadline)
+            self._wait("fake nodes Ready (kwok)", self._nodes_ready, deadline, log_name="kwok")
+            self._wait("default ServiceAccount (kube-controller-manager)", self._default_sa_exists, deadline,
+                       log_name="kube-controller-manager")
+        except BaseException:
+            self._stop_record(self._read_record() or record)
+            raise
+        record["ready"] = True
+        record["started_s"] = round(time.monotonic() - t0, 1)
+        record["apiserver_ready_s"] = round(t_api - t0, 1)
+        self._write_record(record)
+        self._say(out, f"local cluster ready in {record['started_s']}s "
+                       f"(API server ready after {record['apiserver_ready_s']}s)")
+        self._say(out, f"kubeconfig: {self.kubeconfig}")
+
+    def _spawn(self, name: str, args: list[str], record: dict) -> None:
+        log = self.log_dir / f"{name}.log"
+        env = dict(os.environ)
+        env["KUBECONFIG"] = str(self.kubeconfig)
+        binary = self.bin_dir / ("kuberay-operator" if name == "kuberay-operator" else name)
+        with log.open("ab") as fh:
+            proc = subprocess.Popen([str(binary), *args], stdout=fh, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, cwd=self.state_dir, env=env, start_new_session=True)
+        self._popen[name] = proc
+        record["processes"][name] = {"pid": proc.pid, "pgid": proc.pid, "start_time": _proc_start_time(proc.pid),
+                                     "log": str(log), "cmd": [str(binary), *args]}
+        self._write_record(record)
+
+    def _wait(self, name: str, check, deadline: float, log_name: str | None = None) -> None:
+        log = self.log_dir / f"{log_name or name}.log"
+        while True:
+            for pname, proc in self._popen.items():
+                if proc.poll() is not None:
+                    plog = self.log_dir / f"{pname}.log"
+                    raise ClusterError(f"{pname} exited with code {proc.returncode} while waiting for {name}; "
+                                       f"log: {plog}\n{_log_tail(plog)}")
+            try:
+                if check():
+                    return
+            except (subprocess.SubprocessError, OSError, ValueError):
+                pass
+            if time.monotonic() > deadline:
+                raise ClusterError(f"timed out waiting for {name} to become ready; log: {log}\n{_log_tail(log)}")
+            time.sleep(0.25)
+
+    def _nodes_ready(self) -> bool:
+        out = self.kubectl("get", "nodes", "-o", "json", check=False, timeout=20)
+        if out.returncode != 0:
+            return False
+        items = json.loads(out.stdout)["items"]
+        wanted = set(self.default_node_names())
+        ready = {n["metadata"]["name"] for n in items
+                 if any(c["type"] == "Ready" and c["status"] == "True" for c in n.get("status", {}).get("conditions", []))}
+        return wanted <= ready
+
+    def _default_sa_exists(self) -> bool:
+        return self.kubectl("get", "serviceaccount", "default", "-n", "default", check=False,
+                            timeout=20).returncode == 0
+
+    def _apply_crds(self) -> None:
+        paths = manifests.crd_files(self.pins)
+        args = ["apply", "--server-side", "--force-conflicts"]
+        for path in paths:
+            args += ["-f", str(path)]
+        self.kubectl(*args)
+        self.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+                     *[f"crd/{name}" for name in manifests.CRD_NAMES])
+
+    # ---- configuration ------------------------------------------------------------------------
+    def _write_configs(self, pki: Path) -> None:
+        self.kubeconfig.write_text(kubeconfig_text(self.server, pki, "admin", "ppojob-admin"))
+        self.kubeconfig.chmod(0o600)
+        conf = self.state_dir / "config"
+        conf.mkdir(exist_ok=True)
+        for client in ("controller-manager", "scheduler"):
+            (conf / f"{client}.kubeconfig").write_text(kubeconfig_text(self.server, pki, client, client))
+        (conf / "kube-scheduler.yaml").write_text(manifests.scheduler_config(conf / "scheduler.kubeconfig", None))
+        (conf / "gang-scheduler.yaml").write_text(manifests.scheduler_config(self.kubeconfig, GANG_SCHEDULER_NAME))
+
+    def _etcd_args(self, data: Path) -> list[str]:
+        client, peer = f"http://{HOST}:{PORTS['etcd']}", f"http://{HOST}:{PORTS['etcd-peer']}"
+        return ["--name=local", f"--data-dir={data}", f"--listen-client-urls={client}",
+                f"--advertise-client-urls={client}", f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}", f"--initial-cluster=local={peer}",
+                "--unsafe-no-fsync=true", "--log-level=warn"]
+
+    def _apiserver_args(self, pki: Path) -> list[str]:
+        return [
+            f"--etcd-servers=http://{HOST}:{PORTS['etcd']}",
+            f"--bind-address={HOST}", f"--advertise-address={HOST}", f"--secure-port={PORTS['kube-apiserver']}",
+            f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
+            f"--client-ca-file={pki / 'ca.crt'}",
+            "--authorization-mode=Node,RBAC",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--endpoint-reconciler-type=none",
+            "--allow-privileged=true",
+            f"--cert-dir={self.state_dir / 'certs' / 'apiserver'}",
+            "--profiling=false",
+        ]
+
+    def _component_args(self, pki: Path) -> dict[str, list[str]]:
+        conf = self.state_dir / "config"
+        certs = self.state_dir / "certs"
+        cm_kc = conf / "controller-manager.kubeconfig"
+        sched_kc = conf / "scheduler.kubeconfig"
+        return {
+            "kube-controller-manager": [
+                f"--kubeconfig={cm_kc}", f"--authentication-kubeconfig={cm_kc}", f"--authorization-kubeconfig={cm_kc}",
+                f"--bind-address={HOST}", f"--secure-port={PORTS['kube-controller-manager']}",
+                f"--cert-dir={certs / 'kube-controller-manager'}",
+                "--leader-elect=false", "--use-service-account-credentials=true",
+                f"--service-account-private-key-file={pki / 'sa.key'}", f"--root-ca-file={pki / 'ca.crt'}",
+                f"--cluster-signing-cert-file={pki / 'ca.crt'}", f"--cluster-signing-key-file={pki / 'ca.key'}",
+                "--controllers=*", "--profiling=false",
+            ],
+            "kube-scheduler": [
+                f"--config={conf / 'kube-scheduler.yaml'}",
+                f"--authentication-kubeconfig={sched_kc}", f"--authorization-kubeconfig={sched_kc}",
+                f"--bind-address={HOST}", f"--secure-port={PORTS['kube-scheduler']}",
+                f"--cert-dir={certs / 'kube-scheduler'}",
+            ],
+            "gang-scheduler": [
+                f"--config={conf / 'gang-scheduler.yaml'}",
+                f"--authentication-kubeconfig={self.kubeconfig}", f"--authorization-kubeconfig={self.kubeconfig}",
+                f"--bind-address={HOST}", f"--secure-port={PORTS['gang-scheduler']}",
+                f"--cert-dir={certs / 'gang-scheduler'}",
+            ],
+            "gang-controller": [
+                f"--metricsAddr={HOST}:{PORTS['gang-controller-metrics']}",
+                f"--probeAddr={HOST}:{PORTS['gang-controller-probe']}",
+                "--enableLeaderElection=false",
+            ],
+            "kuberay-operator": [
+                f"--metrics-addr={HOST}:{PORTS['kuberay-metrics']}",
+                f"--health-probe-bind-address={HOST}:{PORTS['kuberay-probe']}",
+                "--enable-leader-election=false",
+                "--batch-scheduler=scheduler-plugins",
+                "--log-stdout-encoder=console",
+            ],
+            "kwok": [
+                f"--kubeconfig={self.kubeconfig}",
+                f"--manage-nodes-with-annotation-selector={manifests.KWOK_ANNOTATION}=fake",
+                f"--server-address={HOST}:{PORTS['kwok']}",
+                f"--node-ip={HOST}", f"--cidr={POD_CIDR}",
+                "--node-lease-duration-seconds=40",
+            ],
+        }
+
+    # ---- stopping -----------------------------------------------------------------------------
+    def _stop_record(self, record: dict, grace: float = 10) -> list[str]:
+        """Stop the recorded process groups that are still ours (pid + start time match), newest first."""
+        stopped = []
+        procs = list(record.get("processes", {}).items())[::-1]
+        for name, p in procs:
+            if _alive(p):
+                try:
+                    os.killpg(p["pgid"], signal.SIGTERM)
+                    stopped.append(name)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + grace
+        for name, p in procs:
+            proc = self._popen.get(name)
+            while _alive(p) and time.monotonic() < deadline:
+                if proc is not None:
+                    proc.poll()
+                time.sleep(0.1)
+            if _alive(p):
+                try:
+                    os.killpg(p["pgid"], signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            if proc is not None:
+                try:
+                    proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pass
+        self._popen.clear()
+        try:
+            self.record_file.unlink()
+        except FileNotFoundError:
+            pass
+        return stopped
+
+    def stop(self) -> list[str]:
+        """Stop the processes recorded for this state dir. Returns the names of those that were running."""
+        record = self._read_record()
+        return self._stop_record(record) if record else []
