@@ -1,0 +1,165 @@
+"""The Helm chart: lint, the rendered objects, RBAC, pod security, and values validation."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+import yaml
+
+from conftest import CHART, REPO
+
+
+def by_kind(objects: list[dict], kind: str) -> list[dict]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+def test_chart_crd_is_the_crds_folder_copy():
+    assert (CHART / "files" / "crds" / "ppojobs.ppojob.io.yaml").read_text() == (
+        REPO / "crds" / "ppojobs.ppojob.io.yaml"
+    ).read_text(), "charts/ppojob-operator/files/crds drifted from crds/: copy crds/ppojobs.ppojob.io.yaml over it"
+
+
+def test_helm_lint_is_clean(helm):
+    result = subprocess.run([str(helm), "lint", "--strict", str(CHART)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 chart(s) failed" in result.stdout
+
+
+def test_default_render_has_every_object_labelled(render):
+    objects = render()
+    kinds = sorted(o["kind"] for o in objects)
+    assert kinds == sorted(
+        [
+            "CustomResourceDefinition",
+            "CustomResourceDefinition",
+            "CustomResourceDefinition",
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "ClusterKopfPeering",
+            "Deployment",
+        ]
+    )
+    for obj in objects:
+        if obj["kind"] == "CustomResourceDefinition":
+            continue
+        labels = obj["metadata"]["labels"]
+        for key in ("name", "instance", "version", "component", "managed-by", "part-of"):
+            assert f"app.kubernetes.io/{key}" in labels, (obj["kind"], key)
+
+
+def test_deployment_runs_two_peered_replicas_cluster_wide(render):
+    (deployment,) = by_kind(render(), "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == "ppojob/operator:0.1.0"
+    assert "--peering=ppojob-ppojob-operator" in container["args"]
+    assert "--all-namespaces" in container["args"]
+    assert "--liveness=http://0.0.0.0:8080/healthz" in container["args"]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["resources"]["limits"] == {"cpu": "1", "memory": "512Mi"}
+    (peering,) = by_kind(render(), "ClusterKopfPeering")
+    assert peering["metadata"]["name"] == "ppojob-ppojob-operator"
+
+
+def test_pods_meet_the_restricted_pod_security_standard(render):
+    (deployment,) = by_kind(render(), "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    for container in pod["containers"]:
+        sc = container["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False
+        assert sc["readOnlyRootFilesystem"] is True
+        assert sc["runAsNonRoot"] is True
+        assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert not pod.get("hostNetwork") and not pod.get("hostPID")
+
+
+def rules_of(role: dict) -> dict[tuple[str, str], set[str]]:
+    out: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                out.setdefault((group, resource), set()).update(rule["verbs"])
+    return out
+
+
+def test_rbac_is_least_privilege(render):
+    (role,) = by_kind(render(), "ClusterRole")
+    rules = rules_of(role)
+    assert "*" not in {v for verbs in rules.values() for v in verbs}
+    assert rules[("", "pods")] == {"get", "list", "watch"}, "the operator never writes pods"
+    assert ("", "secrets") not in rules
+    assert rules[("ppojob.io", "ppojobs/status")] == {"get", "patch", "update"}
+    assert rules[("scheduling.x-k8s.io", "podgroups")] >= {"create", "delete"}
+    assert ("scheduling.volcano.sh", "podgroups") not in rules, "only the configured gang schedulers"
+    (binding,) = by_kind(render(), "ClusterRoleBinding")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "ppojob-ppojob-operator", "namespace": "ppojob-system"}
+    ]
+
+
+def test_watch_namespaces_gives_namespaced_roles(render):
+    objects = render("watchNamespaces={team-a,team-b}")
+    assert not by_kind(objects, "ClusterRole") and not by_kind(objects, "ClusterKopfPeering")
+    assert sorted(r["metadata"]["namespace"] for r in by_kind(objects, "Role")) == ["team-a", "team-b"]
+    assert sorted(p["metadata"]["namespace"] for p in by_kind(objects, "KopfPeering")) == ["team-a", "team-b"]
+    (deployment,) = by_kind(objects, "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--namespace=team-a" in args and "--namespace=team-b" in args and "--all-namespaces" not in args
+
+
+def test_metrics_service_is_optional(render):
+    assert not by_kind(render(), "Service")
+    objects = render("metrics.enabled=true")
+    (service,) = by_kind(objects, "Service")
+    assert service["spec"]["ports"][0]["port"] == 9090
+    (deployment,) = by_kind(objects, "Deployment")
+    assert "--metrics-port=9090" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_gang_scheduler_rbac_follows_values(render):
+    (role,) = by_kind(render("gangSchedulers={Volcano,Kueue}"), "ClusterRole")
+    rules = rules_of(role)
+    assert ("scheduling.volcano.sh", "podgroups") in rules and ("kueue.x-k8s.io", "workloads") in rules
+    assert ("scheduling.x-k8s.io", "podgroups") not in rules
+
+
+@pytest.mark.parametrize(
+    "setting, fragment",
+    [
+        ("replicas=0", "replicas"),
+        ("trainerLauncher=Kubectl", "trainerLauncher"),
+        ("watchNamespaces={Bad_NS}", "watchNamespaces"),
+        ("imagee.tag=x", "imagee"),
+    ],
+)
+def test_bad_values_are_rejected_with_the_field(render, setting, fragment):
+    with pytest.raises(subprocess.CalledProcessError) as info:
+        render(setting)
+    assert "values don't meet the specifications of the schema" in info.value.stderr
+    assert fragment in info.value.stderr
+
+
+def test_notes_tell_what_to_do_next(helm):
+    out = subprocess.run(
+        [str(helm), "install", "ppojob", str(CHART), "--dry-run=client", "-n", "ppojob-system"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "kubectl get ppojobs -w" in out and "kubectl describe ppojob" in out
+
+
+def test_values_file_passes_its_schema(helm):
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["trainerLauncher"] in ("RayJobSubmission", "LocalProcess")
+
+
+def test_crds_are_part_of_the_release_unless_turned_off(render):
+    names = sorted(o["metadata"]["name"] for o in by_kind(render(), "CustomResourceDefinition"))
+    assert names == ["clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev", "ppojobs.ppojob.io"]
+    assert not by_kind(render("crds.install=false"), "CustomResourceDefinition")

@@ -1,0 +1,59 @@
+"""The images: lint-clean Dockerfiles, and entrypoints that work as plain processes here."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+BIN = Path(sys.executable).parent
+DOCKERFILES = sorted((REPO / "images").glob("*/Dockerfile"))
+
+
+def instruction(dockerfile: Path, name: str) -> list[str]:
+    (line,) = [l for l in dockerfile.read_text().splitlines() if l.startswith(name + " ")]
+    return json.loads(line[len(name) + 1 :])
+
+
+def test_there_is_an_operator_and_a_trainer_image():
+    assert [p.parent.name for p in DOCKERFILES] == ["operator", "trainer"]
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
+def test_dockerfile_is_lint_clean(dockerfile):
+    result = subprocess.run([str(BIN / "hadolint"), str(dockerfile)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
+def test_image_runs_as_non_root(dockerfile):
+    users = re.findall(r"^USER (\S+)", dockerfile.read_text(), re.M)
+    assert users and not users[-1].startswith(("0", "root"))
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
+def test_entrypoint_works_as_a_plain_process(dockerfile):
+    (command,) = instruction(dockerfile, "ENTRYPOINT")
+    result = subprocess.run([str(BIN / command), "--help"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "usage" in result.stdout.lower()
+
+
+def test_operator_image_pulls_no_torch_or_ray():
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    deps = project["dependencies"] + project["optional-dependencies"]["operator"]
+    assert not [d for d in deps if re.match(r"(torch|ray|transformers)\b", d)]
+    assert "'.[operator]'" in (REPO / "images/operator/Dockerfile").read_text()
+
+
+def test_operator_imports_without_torch():
+    code = "import sys, ppo_operator.main; print(sorted(m for m in ('torch', 'ray') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ, check=True)
+    assert out.stdout.strip() == "[]"
