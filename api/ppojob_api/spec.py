@@ -173,6 +173,8 @@ class RunPolicySpec(_Model):
 class PPOJobSpec(_Model):
     image: str = Field(min_length=1)
     image_pull_policy: str = Field("IfNotPresent", pattern="^(Always|IfNotPresent|Never)$")
+    env_from_secret: str | None = None
+    """A Secret whose keys become environment variables of the trainer (e.g. HF_TOKEN)."""
     seed: int = Field(1, ge=0)
     model: ModelSpec = ModelSpec()
     actor: ActorSpec = ActorSpec()

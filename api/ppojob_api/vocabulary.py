@@ -19,6 +19,10 @@ PLURAL = "ppojobs"
 LABEL_JOB_NAME = "ppojob.io/job-name"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "ppojob-operator"
+# The attempt a child belongs to (status.attempt); children of other attempts are torn down.
+LABEL_ATTEMPT = "ppojob.io/attempt"
+# Which part of the job a Ray pod template is: head, train (actor and critic), rollout.
+LABEL_ROLE = "ppojob.io/role"
 
 
 class Phase(str, enum.Enum):
@@ -82,6 +86,7 @@ class Reason(str, enum.Enum):
     GANG_TIMEOUT = "GangScheduleTimeout"
     CLUSTER_READY = "ClusterReady"
     CLUSTER_NOT_READY = "ClusterNotReady"
+    TRAINER_PENDING = "TrainerPending"
     TRAINER_STARTED = "TrainerStarted"
     TRAINER_LOST = "TrainerLost"
     TRAINER_FAILED = "TrainerFailed"
@@ -97,6 +102,8 @@ class Reason(str, enum.Enum):
     RESUMED = "Resumed"
     SUCCEEDED = "Succeeded"
     TTL_EXPIRED = "TTLExpired"
+    CLUSTER_DELETED = "ClusterDeleted"
+    RECONCILE_ERROR = "ReconcileError"
 
 
 class RewardType(str, enum.Enum):
