@@ -1,0 +1,247 @@
+"""The torch training backend: one rank's model, AdamW optimizer and device residency.
+
+It implements `TrainBackend` with plain PyTorch on any device (cpu here, cuda on GPUs):
+micro-batched forward passes over the RolloutBatch layout, gradient accumulation, grad-norm
+clipping, one optimizer step per `train` call, and offload/onload as an explicit two-state
+machine (on device <-> on host) that moves parameters, gradients and optimizer state. It knows
+no PPO: the loss comes from the caller. Must not depend on Ray, process groups or the PPO loop.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from ppojob_api.spec import ModelSpec
+
+from ppo_trainer.algorithms import entropy_from_logits, log_probs_from_logits
+from ppo_trainer.backends.base import LossFn
+from ppo_trainer.batch import RolloutBatch
+from ppo_trainer.models.builtin import build_policy, build_value_model, resolve_dtype
+from ppo_trainer.models.residency import HostMirror
+from ppo_trainer.rollout.layout import position_ids
+
+ROLES = ("actor", "critic", "ref")
+
+
+class TorchBackend:
+    """One rank of an actor, critic or reference model. A "ref" backend has no optimizer.
+
+    `logits_temperature` divides the policy's logits before log-probs and entropy, so that they
+    describe the same distribution the rollout engine sampled from (its `temperature`).
+    `forward_micro_batch_size` bounds the rows of one no-grad pass in `forward`.
+    """
+
+    def __init__(
+        self,
+        *,
+        model_spec: ModelSpec,
+        role: str,
+        learning_rate: float,
+        max_grad_norm: float,
+        device: str | torch.device,
+        seed: int,
+        dtype: str | torch.dtype | None = None,
+        weight_decay: float = 0.0,
+        logits_temperature: float = 1.0,
+        forward_micro_batch_size: int = 16,
+    ):
+        if role not in ROLES:
+            raise ValueError(f"role {role!r} is unknown; use one of {', '.join(ROLES)}")
+        if role != "ref" and not learning_rate > 0:
+            raise ValueError(f"learning_rate must be > 0 for role {role!r}, got {learning_rate}")
+        if max_grad_norm < 0:
+            raise ValueError(f"max_grad_norm must be >= 0 (0 turns clipping off), got {max_grad_norm}")
+        if not logits_temperature > 0:
+            raise ValueError(
+                f"logits_temperature must be > 0 (use 1.0 for greedy rollouts), got {logits_temperature}"
+            )
+        if forward_micro_batch_size < 1:
+            raise ValueError(f"forward_micro_batch_size must be >= 1, got {forward_micro_batch_size}")
+        self.role = role
+        self.device = torch.device(device)
+        self.dtype = resolve_dtype(dtype if dtype is not None else model_spec.dtype)
+        self.max_grad_norm = max_grad_norm
+        self.logits_temperature = logits_temperature
+        self.forward_micro_batch_size = forward_micro_batch_size
+        self.is_value_model = role == "critic"
+        if self.is_value_model:
+            self.model: torch.nn.Module = build_value_model(
+                model_spec, seed=seed, device=self.device, dtype=self.dtype
+            )
+        else:
+            self.model = build_policy(model_spec, seed=seed, device=self.device, dtype=self.dtype)
+        self.optimizer: torch.optim.Optimizer | None = None
+        if role == "ref":
+            self.model.requires_grad_(False).eval()
+        else:
+            self.optimizer = torch.optim.AdamW(
+                self.model.parameters(),
+                lr=learning_rate,
+                weight_decay=weight_decay,
+                fused=self.device.type == "cuda",
+            )
+        self.offloaded = False
+        self.last_transfer: dict[str, Any] = {"direction": None, "bytes": 0, "seconds": 0.0}
+        self._mirror = HostMirror(device=self.device)
+
+    # ----- passes -----------------------------------------------------------------------------
+
+    def forward(self, batch: RolloutBatch, *, with_entropy: bool = False) -> dict[str, torch.Tensor]:
+        """No-grad pass: {"log_probs"[, "entropy"]} or {"values"}, [B, T] float32 on CPU, 0 on padding.
+
+        Column t is about response token t: its log-prob given the prefix, or the value of the
+        state before it (the hidden state at position P+t-1).
+        """
+        self._require_on_device("forward")
+        was_training = self.model.training
+        self.model.eval()
+        parts: dict[str, list[torch.Tensor]] = {}
+        with torch.no_grad():
+            for rows in torch.arange(batch.size).split(self.forward_micro_batch_size):
+                for key, value in self._outputs(batch, rows, with_entropy=with_entropy).items():
+                    parts.setdefault(key, []).append(value.float().cpu())
+        self.model.train(was_training)
+        return {key: torch.cat(chunks) for key, chunks in parts.items()}
+
+    def train(self, batch: RolloutBatch, loss_fn: LossFn, *, micro_batch_size: int) -> dict[str, float]:
+        """One optimizer step over the batch; micro-batch losses are weighted by their share of rows.
+
+        loss_fn receives this backend's outputs for the micro-batch ([b, T], on the backend's
+        device; policies get "log_probs" and "entropy") and the batch row indices. Returns the
+        row-weighted averages of "loss" and loss_fn's stats, plus "grad_norm" (before clipping)
+        and "skipped" (1.0 when a non-finite gradient norm skipped the step).
+        """
+        self._require_on_device("train")
+        if self.optimizer is None:
+            raise ValueError(f"the {self.role!r} backend has no optimizer; only actor and critic train")
+        if micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        totals: dict[str, float] = {"loss": 0.0}
+        for rows in torch.arange(batch.size).split(micro_batch_size):
+            weight = len(rows) / batch.size
+            loss, stats = loss_fn(self._outputs(batch, rows, with_entropy=not self.is_value_model), rows)
+            (loss * weight).backward()
+            totals["loss"] += weight * float(loss.detach())
+            for key, value in stats.items():
+                totals[key] = totals.get(key, 0.0) + weight * float(value)
+        max_norm = self.max_grad_norm if self.max_grad_norm > 0 else math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        finite = math.isfinite(grad_norm)
+        if finite:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {**totals, "grad_norm": grad_norm, "skipped": 0.0 if finite else 1.0}
+
+    def _outputs(
+        self, batch: RolloutBatch, rows: torch.Tensor, *, with_entropy: bool
+    ) -> dict[str, torch.Tensor]:
+        """Model outputs for `rows`, [b, T], zero where the response mask is 0.
+
+        The input is cropped to the micro-batch: leading columns that are padding in every row,
+        and response columns past its longest response (whose outputs are padding anyway).
+        """
+        p, t = batch.prompt_length, batch.response_length
+        attention = batch.attention_mask[rows]
+        response_mask = batch.response_mask[rows].to(self.device)
+        start = int(attention.any(dim=0).long().argmax())
+        kept = max(1, int(batch.response_mask[rows].sum(dim=1).max()))
+        # Logits at positions P-1 .. P+kept-2 predict response tokens 0 .. kept-1.
+        input_ids = batch.tokens[rows, start : p + kept - 1].to(self.device)
+        attention = attention[:, start : p + kept - 1].to(self.device)
+        targets = batch.tokens[rows, p : p + kept].to(self.device)
+        positions = position_ids(attention)
+        if self.is_value_model:
+            values = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions)
+            outputs = {"values": values[:, -kept:].float()}
+        else:
+            logits = self.model(
+                input_ids=input_ids,
+                attention_mask=attention,
+                position_ids=positions,
+                logits_to_keep=kept,
+                use_cache=False,
+            ).logits
+            logits = logits.float() / self.logits_temperature
+            outputs = {"log_probs": log_probs_from_logits(logits, targets)}
+            if with_entropy:
+                outputs["entropy"] = entropy_from_logits(logits)
+        mask = response_mask.bool()
+        return {
+            key: torch.where(mask, F.pad(value, (0, t - kept)), torch.zeros((), device=self.device))
+            for key, value in outputs.items()
+        }
+
+    # ----- residency ---------------------------------------------------------------------------
+
+    def offload(self) -> None:
+        """Parameters, gradients and optimizer state to host memory (pinned for CUDA); no-op when
+        already offloaded. On a CPU device the host copy is the tensor itself: nothing moves."""
+        if self.offloaded:
+            return
+        self._transfer("offload")
+        self.offloaded = True
+
+    def onload(self) -> None:
+        """Everything back to the device; no-op when already there."""
+        if not self.offloaded:
+            return
+        self._transfer("onload")
+        self.offloaded = False
+
+    def _transfer(self, direction: str) -> None:
+        move = self._mirror.to_host if direction == "offload" else self._mirror.to_device
+        self._mirror.begin()
+        with torch.no_grad():
+            for index, param in enumerate(self.model.parameters()):
+                param.data = move((index, "param"), param.data)
+                if param.grad is not None:
+                    param.grad = move((index, "grad"), param.grad)
+                state = self.optimizer.state.get(param, {}) if self.optimizer is not None else {}
+                for key, value in state.items():
+                    if isinstance(value, torch.Tensor):
+                        state[key] = move((index, key), value)
+        self.last_transfer = self._mirror.end(direction=direction)
+
+    def _require_on_device(self, what: str) -> None:
+        if self.offloaded:
+            raise RuntimeError(f"{what}() on an offloaded {self.role} backend; call onload() first")
+
+    # ----- weights and checkpoints --------------------------------------------------------------
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The policy's parameters under their Hugging Face names (live tensors, not copies)."""
+        if self.is_value_model:
+            raise ValueError("the critic has no policy weights to sync; call named_weights() on the actor")
+        for name, param in self.model.named_parameters():
+            yield name, param.detach()
+
+    def state_dict(self) -> dict:
+        """{"model": ..., "optimizer": ... or None}, every tensor a CPU copy."""
+        model = {key: value.detach().to("cpu", copy=True) for key, value in self.model.state_dict().items()}
+        optimizer = _cpu_copy(self.optimizer.state_dict()) if self.optimizer is not None else None
+        return {"model": model, "optimizer": optimizer}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Load a `state_dict()` while on the device; a "ref" backend ignores the optimizer part."""
+        self._require_on_device("load_state_dict")
+        if "model" not in state:
+            raise ValueError("state has no 'model' entry; pass what TorchBackend.state_dict() returned")
+        self.model.load_state_dict(state["model"])
+        if self.optimizer is not None and state.get("optimizer") is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+
+
+def _cpu_copy(tree: Any) -> Any:
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().to("cpu", copy=True)
+    if isinstance(tree, dict):
+        return {key: _cpu_copy(value) for key, value in tree.items()}
+    if isinstance(tree, list):
+        return [_cpu_copy(value) for value in tree]
+    return tree

@@ -1,0 +1,143 @@
+"""Building the policy and value networks from a ModelSpec: built-in configurations or a local directory.
+
+`builtin:tiny` is a random-init Llama small enough to train on a CPU in seconds, over the byte
+tokenizer's vocabulary; `builtin:smollm2-135m` is the converted SmolLM2 directory; anything else
+is a local Hugging Face directory (nothing is downloaded). The critic (`ValueModel`) is the
+policy's trunk with a scalar head. Must not depend on Ray, the PPO loop or a training backend.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+from ppojob_api.spec import ModelSpec
+from torch import nn
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
+
+from ppo_trainer.models.tokenizer import ByteTokenizer
+
+TINY = "builtin:tiny"
+SMOLLM2 = "builtin:smollm2-135m"
+BUILTINS = (TINY, SMOLLM2)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def resolve_model_dir(path: str) -> Path | None:
+    """The Hugging Face directory behind a model path; None for builtin:tiny (no directory)."""
+    if path == TINY:
+        return None
+    if path == SMOLLM2:
+        from ppo_trainer.models.smollm import ensure_smollm2
+
+        return ensure_smollm2()
+    if path.startswith("builtin:"):
+        raise ValueError(f"model.path {path!r} is not a built-in model; use one of {', '.join(BUILTINS)}")
+    directory = Path(path).expanduser()
+    if not (directory / "config.json").is_file():
+        raise ValueError(
+            f"model.path {path!r} is not a Hugging Face model directory (no config.json); "
+            f"give a local directory written by save_pretrained, or one of {', '.join(BUILTINS)}"
+        )
+    return directory
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"model.dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def tiny_config() -> LlamaConfig:
+    """A 2-layer, 64-wide Llama over the byte tokenizer: ~0.1M parameters, fast on a CPU."""
+    tokenizer = ByteTokenizer()
+    return LlamaConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+    )
+
+
+def build_policy(
+    model_spec: ModelSpec,
+    *,
+    seed: int,
+    device: str | torch.device,
+    dtype: str | torch.dtype | None = None,
+) -> PreTrainedModel:
+    """The causal LM of `model_spec` on `device`, in train mode; random init is seeded by `seed`.
+
+    The global RNG is left untouched, so building a model never shifts a caller's sampling.
+    """
+    torch_dtype = resolve_dtype(dtype if dtype is not None else model_spec.dtype)
+    directory = resolve_model_dir(model_spec.path)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if directory is None:
+            model = LlamaForCausalLM(tiny_config())
+        else:
+            model = AutoModelForCausalLM.from_pretrained(str(directory), local_files_only=True)
+    model.config.use_cache = False
+    return model.to(device=device, dtype=torch_dtype).train()
+
+
+class ValueModel(nn.Module):
+    """A causal LM's trunk with a scalar head: values[b, i] = head(hidden state at position i).
+
+    The head is Linear(hidden, 1) with weights ~ N(0, 0.02) and a zero bias, drawn from `seed`.
+    """
+
+    def __init__(self, *, trunk: PreTrainedModel, seed: int):
+        super().__init__()
+        self.trunk = trunk
+        self.value_head = nn.Linear(trunk.config.hidden_size, 1)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            weight = torch.empty(self.value_head.weight.shape).normal_(mean=0.0, std=0.02)
+        param = next(trunk.parameters())
+        with torch.no_grad():
+            self.value_head.weight.copy_(weight)
+            self.value_head.bias.zero_()
+        self.value_head.to(device=param.device, dtype=param.dtype)
+
+    @property
+    def config(self):
+        return self.trunk.config
+
+    def forward(
+        self, *, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
+    ) -> torch.Tensor:
+        """[B, L] -> [B, L] values, in the trunk's dtype."""
+        hidden = self.trunk(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).last_hidden_state
+        return self.value_head(hidden).squeeze(-1)
+
+
+def build_value_model(
+    model_spec: ModelSpec,
+    *,
+    seed: int,
+    device: str | torch.device,
+    dtype: str | torch.dtype | None = None,
+    policy: PreTrainedModel | None = None,
+) -> ValueModel:
+    """The critic: a deep copy of `policy`'s trunk (built from `model_spec` and `seed` when not
+    given) with a fresh value head. To start from a saved critic, load its state dict afterwards.
+    """
+    if policy is None:
+        policy = build_policy(model_spec, seed=seed, device=device, dtype=dtype)
+    trunk = copy.deepcopy(policy.get_decoder())
+    return ValueModel(trunk=trunk, seed=seed).train()

@@ -1,0 +1,101 @@
+"""Tokenizers behind one small protocol: a built-in byte-level one and a Hugging Face adapter.
+
+The trainer only needs text <-> token ids, the EOS and PAD ids, and the vocabulary size; this
+module keeps every other tokenizer detail behind `Tokenizer`. It must not depend on models,
+Ray or the PPO loop; transformers is imported only when a Hugging Face tokenizer is loaded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from ppojob_api.spec import ModelSpec
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    eos_token_id: int
+    pad_token_id: int
+    vocab_size: int
+    """Number of token ids the model's embedding must cover."""
+
+    def encode(self, text: str) -> list[int]:
+        """Plain text to ids, without special tokens."""
+        ...
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """A prompt as the policy should see it (BOS, or the chat template when there is one)."""
+        ...
+
+    def decode(self, ids: list[int]) -> str:
+        """Ids to text, special tokens dropped."""
+        ...
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as ids 0..255, then BOS, EOS and PAD: the built-in tiny model's vocabulary."""
+
+    bos_token_id = 256
+    eos_token_id = 257
+    pad_token_id = 258
+    vocab_size = 259
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def encode_prompt(self, text: str) -> list[int]:
+        return [self.bos_token_id, *self.encode(text)]
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+
+
+class HFTokenizer:
+    """A Hugging Face tokenizer loaded from a local directory, seen through `Tokenizer`.
+
+    With `chat_template=True` and a tokenizer that has a chat template, `encode_prompt` wraps the
+    text as one user turn and appends the assistant header, as an instruct model expects.
+    """
+
+    def __init__(self, *, hf_tokenizer: Any, chat_template: bool = True):
+        if hf_tokenizer.eos_token_id is None:
+            raise ValueError("tokenizer has no eos_token; set eos_token in its tokenizer_config.json")
+        self.hf_tokenizer = hf_tokenizer
+        self.use_chat_template = chat_template and bool(getattr(hf_tokenizer, "chat_template", None))
+        self.eos_token_id = int(hf_tokenizer.eos_token_id)
+        pad = hf_tokenizer.pad_token_id
+        self.pad_token_id = int(pad) if pad is not None else self.eos_token_id
+        self.vocab_size = len(hf_tokenizer)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.hf_tokenizer.encode(text, add_special_tokens=False))
+
+    def encode_prompt(self, text: str) -> list[int]:
+        if not self.use_chat_template:
+            return list(self.hf_tokenizer.encode(text, add_special_tokens=True))
+        rendered = self.hf_tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+        )
+        return self.encode(rendered)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.hf_tokenizer.decode(list(ids), skip_special_tokens=True)
+
+
+def load_tokenizer(model_spec: ModelSpec, *, chat_template: bool = True) -> Tokenizer:
+    """The tokenizer of `model_spec`: `tokenizer` when set, else the one beside the model `path`."""
+    from ppo_trainer.models.builtin import resolve_model_dir
+
+    source = model_spec.tokenizer or model_spec.path
+    directory = resolve_model_dir(source)
+    if directory is None:
+        return ByteTokenizer()
+    return load_hf_tokenizer(directory, chat_template=chat_template)
+
+
+def load_hf_tokenizer(directory: str | Path, *, chat_template: bool = True) -> HFTokenizer:
+    from transformers import AutoTokenizer
+
+    hf_tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+    return HFTokenizer(hf_tokenizer=hf_tokenizer, chat_template=chat_template)
