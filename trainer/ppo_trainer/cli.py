@@ -1,0 +1,188 @@
+"""`ppo-train CONFIG`: run a PPOJob's spec on a local Ray (the default) or on a cluster (`--address`).
+
+CONFIG is a PPOJob manifest or its bare spec (YAML); `image` defaults to "local". `--critic-config`
+merges a per-role YAML of critic overrides into `spec.critic`, checked by the same parser (unknown
+or removed keys named with their replacement, "1e-5" read as a number). A bad config or custom
+advantage function exits with code 2 and its message, never a traceback. Ray's token
+authentication is set explicitly: a private token and temp dir per local run; on a cluster, token
+mode with the token the operator provides (RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ppojob_api.spec import PPOJobSpec, SpecError, spec_from_manifest
+
+EXIT_CONFIG = 2
+
+
+class ConfigError(ValueError):
+    """The config file or the command line cannot describe a run."""
+
+
+def _read_yaml(path: str, what: str) -> Any:
+    try:
+        return yaml.safe_load(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(f"{what} {path}: cannot read it ({exc.strerror})") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{what} {path}: not valid YAML ({exc})") from exc
+
+
+def load_config(path: str, *, critic_config: str | None = None) -> tuple[PPOJobSpec, str]:
+    """The spec of CONFIG (critic overrides merged in) and the job's name."""
+    document = _read_yaml(path, "config")
+    if not isinstance(document, dict):
+        raise ConfigError(f"config {path}: expected a PPOJob manifest or its spec (a mapping)")
+    is_manifest = "spec" in document and document.get("kind") in (None, "PPOJob")
+    raw = dict(document["spec"] if is_manifest else document)
+    name = (document.get("metadata") or {}).get("name", "ppojob") if is_manifest else Path(path).stem
+    raw.setdefault("image", "local")
+    if critic_config:
+        overrides = _read_yaml(critic_config, "critic config")
+        if not isinstance(overrides, dict):
+            raise ConfigError(f"critic config {critic_config}: expected a mapping of critic settings")
+        raw["critic"] = _merge(dict(raw.get("critic") or {}), overrides)
+    try:
+        return spec_from_manifest({"kind": "PPOJob", "spec": raw}), str(name)
+    except SpecError as exc:
+        source = f" (with the critic overrides of {critic_config})" if critic_config else ""
+        raise ConfigError(f"config {path}{source}: {exc}") from None
+
+
+def _merge(base: dict, overrides: dict) -> dict:
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            base[key] = _merge(dict(base[key]), value)
+        else:
+            base[key] = value
+    return base
+
+
+def check_advantage_function(ref: str) -> None:
+    """Load the custom advantage function and call it once on a small batch, before any Ray work."""
+    import torch
+
+    from ppo_trainer.algorithms import AdvantageInputs, compute_custom_advantages, load_advantage_function
+
+    function = load_advantage_function(ref)
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    probe = AdvantageInputs(rewards=torch.tensor([[0.0, 0.0, 1.0], [0.5, 0.0, 0.0]]), values=torch.zeros(2, 3),
+                            mask=mask, scores=torch.tensor([1.0, 0.5]), gamma=1.0, lam=0.95)
+    compute_custom_advantages(function, probe)
+
+
+def configure_ray_auth(*, joining: bool) -> None:
+    """Token authentication on, explicitly; a fresh private token for a local cluster. Must run
+    before Ray is imported: Ray reads these variables once, at import."""
+    os.environ.setdefault("RAY_AUTH_MODE", "token")
+    has_token = os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")
+    if joining and os.environ["RAY_AUTH_MODE"] == "token" and not has_token:
+        raise ConfigError("--address needs the cluster's Ray token: set RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH")
+    if not joining and not has_token:
+        os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)  # private to this run, never written to disk
+
+
+def start_ray(address: str | None, *, num_cpus: int, object_store_mb: int) -> None:
+    configure_ray_auth(joining=bool(address))
+    import ray
+
+    if address:
+        ray.init(address=address, logging_level="WARNING")
+        return
+    ray.init(num_cpus=num_cpus, include_dashboard=False, _temp_dir=tempfile.mkdtemp(prefix="ppo-ray-"),
+             object_store_memory=object_store_mb * 2**20, logging_level="WARNING", log_to_driver=False)
+
+
+def build_reporter(*, run_dir: Path, total_steps: int, initial: int, as_json: bool):
+    from ppo_trainer.reporting import FanOut, JsonLinesReporter, TerminalReporter
+    from ppo_trainer.reporting_k8s import KubernetesReporter
+
+    console = (
+        TerminalReporter(total_steps=total_steps, initial=initial)
+        if sys.stdout.isatty() and not as_json
+        else JsonLinesReporter(sys.stdout)
+    )
+    reporters = [console, JsonLinesReporter(open(run_dir / "events.jsonl", "a"))]
+    kubernetes = KubernetesReporter.from_environment()
+    if kubernetes is not None:
+        reporters.append(kubernetes)
+    return FanOut(*reporters)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="ppo-train", description=__doc__.split("\n\n")[0])
+    parser.add_argument("config", help="a PPOJob manifest or its spec (YAML)")
+    parser.add_argument("--address", help="join this Ray cluster instead of starting a local one")
+    parser.add_argument("--run-dir", help="where logs, the plot and (locally) checkpoints go; default runs/<name>")
+    parser.add_argument("--critic-config", help="YAML of critic overrides merged into spec.critic")
+    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint, if any")
+    parser.add_argument("--json", action="store_true", help="JSON lines on stdout even on a terminal")
+    parser.add_argument("--cpu-ranks", type=int, default=1, help="training ranks when there are no GPUs")
+    parser.add_argument("--object-store-mb", type=int, default=1024, help="local Ray object store size")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from ppo_trainer.algorithms import CustomAdvantageError
+
+    try:
+        spec, name = load_config(args.config, critic_config=args.critic_config)
+        if spec.ppo.custom_advantage_function:
+            check_advantage_function(spec.ppo.custom_advantage_function)
+        run_dir = Path(args.run_dir or Path("runs") / name)
+        checkpoint_dir = Path(spec.checkpoint.path) if args.address else run_dir / "checkpoints"
+        if not args.resume and any(checkpoint_dir.glob("step-*")):
+            raise ConfigError(f"{checkpoint_dir} already holds checkpoints: pass --resume, or choose another --run-dir")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        start_ray(args.address, num_cpus=max(os.cpu_count() or 1, args.cpu_ranks + 1),
+                  object_store_mb=args.object_store_mb)
+    except (ConfigError, CustomAdvantageError) as exc:
+        print(f"ppo-train: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    return _run(spec, args, run_dir=run_dir, checkpoint_dir=checkpoint_dir)
+
+
+def _run(spec: PPOJobSpec, args: argparse.Namespace, *, run_dir: Path, checkpoint_dir: Path) -> int:
+    import ray
+
+    from ppo_trainer.algorithms import CustomAdvantageError
+    from ppo_trainer.metrics import StepMetrics, plot_run, summarize_run
+    from ppo_trainer.train import run
+
+    reporter = build_reporter(run_dir=run_dir, total_steps=spec.ppo.num_rollouts, initial=0, as_json=args.json)
+    try:
+        use_gpus = ray.cluster_resources().get("GPU", 0) > 0
+        state = run(spec, reporter=reporter, checkpoint_dir=str(checkpoint_dir), resume=args.resume,
+                    use_gpus=use_gpus, cpu_ranks=args.cpu_ranks, attempt=int(os.environ.get("PPOJOB_ATTEMPT", "0")))
+    except CustomAdvantageError as exc:
+        print(f"ppo-train: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except Exception as exc:
+        print(f"ppo-train: the run failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        reporter.close()
+        ray.shutdown()
+    history = [StepMetrics.from_dict(d) for d in state.history]
+    summary = summarize_run(history)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    if history and not args.address:
+        plot_run(history, run_dir / "run.png")
+    print(json.dumps({"summary": summary, "runDir": str(run_dir)}), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""Per-step metrics of a run, the time each stage takes, and a PNG plot of the run.
+
+`StepMetrics` is one step's record (reward, losses, KL, clip fractions, entropy, stage times,
+tokens/s); `StageTimer` measures the stages; `plot_run` draws the reward and loss curves with
+matplotlib's Agg backend (no display needed). Depends on the standard library and matplotlib
+(imported inside `plot_run`), not on torch or Ray.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class StepMetrics:
+    step: int
+    critic_only: bool
+    reward_mean: float
+    response_tokens: int
+    """Response tokens generated in the step."""
+    samples: int
+    seconds: float
+    """Wall time of the whole step."""
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    value_loss: float | None = None
+    value_clipfrac: float | None = None
+    policy_loss: float | None = None
+    clipfrac: float | None = None
+    kl: float | None = None
+    entropy: float | None = None
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Generated response tokens per second of the whole step (end to end)."""
+        return self.response_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "tokens_per_second": self.tokens_per_second}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> StepMetrics:
+        return cls(**{k: v for k, v in data.items() if k != "tokens_per_second"})
+
+    def to_status(self) -> dict[str, float]:
+        """The `status.progress.metrics` fields of the PPOJob (camelCase; unset ones left out)."""
+        fields = {
+            "rewardMean": self.reward_mean,
+            "valueLoss": self.value_loss,
+            "policyLoss": self.policy_loss,
+            "kl": self.kl,
+            "entropy": self.entropy,
+            "tokensPerSecond": round(self.tokens_per_second, 2),
+            "secondsPerStep": round(self.seconds, 3),
+        }
+        return {k: float(v) for k, v in fields.items() if v is not None}
+
+    def summary_line(self, total_steps: int) -> str:
+        def fmt(name: str, value: float | None) -> str:
+            return f" {name}={value:.4f}" if value is not None else ""
+
+        kind = "critic-only" if self.critic_only else "ppo"
+        return (
+            f"step {self.step + 1}/{total_steps} [{kind}] reward={self.reward_mean:.4f}"
+            f"{fmt('value_loss', self.value_loss)}{fmt('policy_loss', self.policy_loss)}{fmt('kl', self.kl)}"
+            f"{fmt('entropy', self.entropy)} {self.seconds:.2f}s {self.tokens_per_second:.0f} tok/s"
+        )
+
+
+class StageTimer:
+    """Wall time per named stage of one step: `with timer("generate"): ...`."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._started = time.perf_counter()
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - started
+
+    @property
+    def total(self) -> float:
+        return time.perf_counter() - self._started
+
+
+def plot_run(history: list[StepMetrics], path: str | Path) -> Path:
+    """Reward, losses and KL per step as one PNG; critic-only warm-up steps shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [m.step for m in history]
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    panels = [
+        ("mean reward", [("reward", [m.reward_mean for m in history])]),
+        ("losses", [("value", [m.value_loss for m in history]), ("policy", [m.policy_loss for m in history])]),
+        ("KL to reference", [("kl", [m.kl for m in history])]),
+    ]
+    warmup = [m.step for m in history if m.critic_only]
+    for ax, (title, series) in zip(axes, panels):
+        for label, values in series:
+            points = [(s, v) for s, v in zip(steps, values) if v is not None]
+            if points:
+                ax.plot(*zip(*points), marker="o", markersize=3, label=label)
+        if warmup:
+            ax.axvspan(min(warmup) - 0.5, max(warmup) + 0.5, color="grey", alpha=0.15, label="critic-only")
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def summarize_run(history: list[StepMetrics], *, window: int = 3) -> dict:
+    """The figures a run is judged by: time per step and stage, tokens/s, and the reward curve's ends
+    (each end also as the mean of `window` steps, since a single step's reward is noisy)."""
+    if not history:
+        return {"steps": 0}
+    seconds = sum(m.seconds for m in history)
+    stages = sorted({name for m in history for name in m.stage_seconds})
+    return {
+        "steps": len(history),
+        "secondsPerStep": round(seconds / len(history), 3),
+        "tokensPerSecond": round(sum(m.response_tokens for m in history) / seconds, 1) if seconds else 0.0,
+        "stageSecondsPerStep": {
+            name: round(sum(m.stage_seconds.get(name, 0.0) for m in history) / len(history), 3) for name in stages
+        },
+        "rewardStart": round(history[0].reward_mean, 4),
+        "rewardEnd": round(history[-1].reward_mean, 4),
+        f"rewardFirst{window}Mean": round(sum(m.reward_mean for m in history[:window]) / len(history[:window]), 4),
+        f"rewardLast{window}Mean": round(sum(m.reward_mean for m in history[-window:]) / len(history[-window:]), 4),
+    }

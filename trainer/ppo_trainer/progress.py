@@ -1,0 +1,70 @@
+"""The loop's view of its own progress: stage, counters, residencies, and passing them to a reporter.
+
+`ProgressTracker` holds the current `Progress` snapshot and updates it as the loop moves on: each
+stage change first collects the roles' offload transitions (reported one by one as events) and
+their residencies, then reports the snapshot. `poll` is a function, so the tracker needs no Ray
+(the loop passes `Roles.poll`). Depends on reporting, metrics and the API vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from ppojob_api.vocabulary import RolloutResidency, Stage, TrainResidency
+from ppo_trainer.checkpoint import TrainerState
+from ppo_trainer.metrics import StepMetrics
+from ppo_trainer.offload import Transition
+from ppo_trainer.reporting import CheckpointInfo, Progress, Reporter, utc_now
+
+Poll = Callable[[], tuple[list[Transition], dict[str, str]]]
+
+
+class ProgressTracker:
+    def __init__(self, *, reporter: Reporter, poll: Poll, total_steps: int, critic_only_steps: int,
+                 with_critic: bool, state: TrainerState, attempt: int) -> None:
+        self.reporter = reporter
+        self.poll = poll
+        self.progress = Progress(
+            total_steps=total_steps,
+            critic_only_steps=critic_only_steps,
+            attempt=attempt,
+            step=state.step,
+            critic_only_steps_done=state.critic_only_steps_done,
+            weight_syncs_skipped=state.weight_syncs_skipped,
+            critic=TrainResidency.ON_DEVICE if with_critic else None,
+        )
+
+    def _update(self, **changes) -> None:
+        self.progress = replace(self.progress, **changes)
+        self.reporter.report(self.progress)
+
+    def _residencies(self) -> dict:
+        transitions, states = self.poll()
+        for t in transitions:
+            self.reporter.event("transition", role=t.role, rank=t.rank, frm=t.from_state, to=t.to_state,
+                                seconds=round(t.seconds, 6))
+        residency = {"actor": TrainResidency(states["actor"]), "rollout": RolloutResidency(states["rollout"])}
+        if "critic" in states:
+            residency["critic"] = TrainResidency(states["critic"])
+        return residency
+
+    def stage(self, stage: Stage, *, state: TrainerState) -> None:
+        self._update(stage=stage, step=state.step, critic_only_steps_done=state.critic_only_steps_done,
+                     weight_syncs_skipped=state.weight_syncs_skipped, **self._residencies())
+
+    def step_done(self, metrics: StepMetrics, *, state: TrainerState) -> None:
+        self.reporter.event("step", line=metrics.summary_line(self.progress.total_steps), **metrics.to_dict())
+        self._update(step=state.step, critic_only_steps_done=state.critic_only_steps_done,
+                     weight_syncs_skipped=state.weight_syncs_skipped, metrics=metrics.to_status(),
+                     **self._residencies())
+
+    def checkpoint(self, *, step: int, path: str, seconds: float) -> None:
+        self.reporter.event("checkpoint", step=step, path=path, seconds=round(seconds, 3),
+                            line=f"checkpoint after step {step}: {path} ({seconds:.2f}s)")
+        self._update(last_checkpoint=CheckpointInfo(step=step, path=path, time=utc_now()))
+
+    def finish(self, *, error: str | None = None) -> None:
+        if error is not None:
+            self.reporter.event("error", line=f"error: {error}", message=error)
+        self._update(stage=Stage.DONE if error is None else self.progress.stage, finished=error is None, error=error)

@@ -1,0 +1,133 @@
+"""The actor's rank: PPO policy updates on the critic's values, and handing its weights to the engines.
+
+`train` receives the critic's `CriticOutput` for this rank as `external_data` (Ray resolved the
+ObjectRef before the task started), derives the same targets the critic used, checks the
+returns agree, whitens the advantages and runs `ppo.epochs` clipped-policy-loss passes. In the
+Disaggregated layout rank 0 owns the weight-sync link to the engines: connected right after it
+wakes and disconnected right before it sleeps, each a reported transition. Must not depend on
+Ray except through `roles/link.py`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+from ppo_trainer.algorithms import load_advantage_function, masked_mean, masked_whiten, policy_loss
+from ppo_trainer.batch import CriticOutput, RolloutBatch
+from ppo_trainer.offload import Residency
+from ppo_trainer.roles.base import RoleWorker
+from ppo_trainer.roles.targets import check_same_returns, compute_targets
+
+
+class ActorWorker(RoleWorker):
+    role = "actor"
+
+    def __init__(
+        self, spec, *, rank: int, world_size: int, device: str, offload: bool, link_engines: list | None = None
+    ) -> None:
+        self.link: Residency | None = None  # set below; sleep() during setup must see it
+        super().__init__(spec, rank=rank, world_size=world_size, device=device, offload=offload)
+        ref = spec.ppo.custom_advantage_function
+        self.advantage_fn = load_advantage_function(ref) if ref else None
+        self.received: CriticOutput | None = None
+        if link_engines and rank == 0:
+            from ppo_trainer.roles.link import ActorSide
+
+            self._link = ActorSide(link_engines)
+            self.link = Residency.for_link("actor.weight_sync", rank=rank, listener=self._transitions.append)
+            if self.residency.awake:
+                self.link.wake(self._link.connect)
+
+    def wake(self) -> bool:
+        changed = super().wake()
+        if self.link is not None:
+            self.link.wake(self._link.connect)
+        return changed
+
+    def sleep(self) -> bool:
+        if self.link is not None:
+            self.link.sleep(self._link.disconnect)
+        return super().sleep()
+
+    def train(
+        self,
+        *parts: RolloutBatch,
+        old_log_probs: torch.Tensor,
+        ref_log_probs: torch.Tensor,
+        external_data: CriticOutput | None = None,
+    ) -> dict[str, float]:
+        batch = self.shard(parts)
+        mask = batch.response_mask
+        self.received = external_data
+        values = external_data.values if external_data is not None else torch.zeros_like(mask)
+        targets = compute_targets(
+            batch,
+            values=values,
+            old_log_probs=old_log_probs,
+            ref_log_probs=ref_log_probs,
+            ppo=self.spec.ppo,
+            advantage_fn=self.advantage_fn,
+        )
+        if external_data is not None:
+            check_same_returns(targets.returns, external_data.returns, function=self.spec.ppo.custom_advantage_function)
+        advantages = targets.advantages
+        if self.spec.ppo.normalize_advantages:
+            advantages = masked_whiten(advantages, mask)
+        ppo = self.spec.ppo
+
+        def loss_fn(output: dict[str, torch.Tensor], rows: torch.Tensor):
+            pg_loss, stats = policy_loss(
+                output["log_probs"],
+                old_log_probs[rows],
+                advantages[rows],
+                mask[rows],
+                clip_eps=ppo.clip_eps,
+                clip_eps_high=ppo.clip_eps_high,
+                dual_clip=ppo.dual_clip,
+            )
+            entropy = masked_mean(output["entropy"], mask[rows])
+            loss = pg_loss - ppo.entropy_coef * entropy
+            return loss, {
+                "policy_loss": float(pg_loss),
+                "clipfrac": float(stats["clipfrac"]),
+                "approx_kl": float(stats["approx_kl"]),
+                "entropy": float(entropy),
+            }
+
+        with self.turn("train"):
+            passes = [
+                self.backend.train(batch, loss_fn, micro_batch_size=self.spec.actor.micro_batch_size)
+                for _ in range(ppo.epochs)
+            ]
+        return {**passes[-1], "policy_loss": passes[0]["policy_loss"], "kl": targets.kl}
+
+    def export_weights(self) -> dict[str, torch.Tensor]:
+        """The policy's weights as CPU tensors (Colocate: they travel to the engines through Ray)."""
+        with self.turn("export weights"):
+            return {name: tensor.detach().to("cpu", copy=True) for name, tensor in self.backend.named_weights()}
+
+    def broadcast_weights(self) -> None:
+        """Disaggregated: send the weights to the engines over the weight-sync group."""
+        if self.link is None:
+            raise RuntimeError("broadcast_weights needs the weight-sync link of actor rank 0 (Disaggregated layout)")
+        with self.turn("broadcast weights"):
+            self.link.require_awake("broadcast weights")
+            self._link.broadcast(self.backend.named_weights())
+
+    def link_state(self) -> str | None:
+        return self.link.state if self.link is not None else None
+
+    def weights_digest(self) -> str:
+        """A hash of the policy's weights: tells whether the actor changed."""
+        digest = hashlib.sha256()
+        with self.turn("hash weights"):
+            for name, tensor in self.backend.named_weights():
+                digest.update(name.encode())
+                digest.update(tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+        return digest.hexdigest()
+
+    def received_external_data(self) -> CriticOutput | None:
+        """What the last `train` received as `external_data` (for tests and debugging)."""
+        return self.received

@@ -1,0 +1,122 @@
+"""What every training role's rank has in common: a backend, a residency, and taking turns on the device.
+
+A `RoleWorker` is a plain Python class (Ray turns it into an actor in `roles/group.py`, tests may
+use it in-process). It owns one rank's backend and its `Residency`; `turn(action)` wakes the
+rank, checks it is awake, runs the work, and puts it back to sleep when train-side offload is on,
+so actor, critic and reference take turns on the same devices. Every transition is recorded and
+handed to the driver by `drain_transitions`. Backends are built by `build_backend`, the one place
+that knows which backend class serves which `spec.actor.backend`. Must not depend on Ray.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+import torch
+
+from ppojob_api.spec import PPOJobSpec
+from ppojob_api.vocabulary import TrainBackend as BackendKind
+from ppo_trainer.backends.base import TrainBackend
+from ppo_trainer.batch import RolloutBatch
+from ppo_trainer.offload import Residency, Transition
+
+
+def build_backend(spec: PPOJobSpec, *, role: str, device: str) -> TrainBackend:
+    """The training backend of one rank of `role` ("actor", "critic" or "ref")."""
+    if spec.actor.backend != BackendKind.TORCH:
+        raise NotImplementedError(
+            f"actor.backend {spec.actor.backend.value} is not available in this build; use Torch"
+        )
+    from ppo_trainer.backends.torch_backend import TorchBackend
+
+    learning_rate = spec.critic_learning_rate if role == "critic" else spec.actor.learning_rate
+    return TorchBackend(
+        model_spec=spec.model,
+        role=role,
+        learning_rate=learning_rate,
+        max_grad_norm=spec.actor.max_grad_norm,
+        device=device,
+        seed=spec.seed,
+        dtype=spec.model.dtype,
+        logits_temperature=spec.rollout.temperature or 1.0,  # log-probs of the distribution sampled from
+    )
+
+
+def use_all_cores(device: str) -> None:
+    """Ray pins a fractional-CPU actor to one thread; roles take turns, so each may use every core."""
+    if device == "cpu":
+        torch.set_num_threads(os.cpu_count() or 1)
+
+
+class RoleWorker:
+    """One rank of a training role; subclasses add the role's work."""
+
+    role = "role"
+
+    def __init__(self, spec: PPOJobSpec, *, rank: int, world_size: int, device: str, offload: bool) -> None:
+        use_all_cores(device)
+        self.spec = spec
+        self.rank = rank
+        self.world_size = world_size
+        self.device = device
+        self.offload = offload
+        self._transitions: list[Transition] = []
+        self.residency = Residency.for_train_role(self.role, rank=rank, listener=self._transitions.append)
+        self.backend = build_backend(spec, role=self.role, device=device)
+        if offload:
+            self.sleep()
+
+    # Explicit transitions: idempotent (a second sleep is a no-op).
+    def sleep(self) -> bool:
+        return self.residency.sleep(self.backend.offload)
+
+    def wake(self) -> bool:
+        return self.residency.wake(self.backend.onload)
+
+    def state(self) -> str:
+        return self.residency.state
+
+    def drain_transitions(self) -> list[Transition]:
+        drained, self._transitions[:] = list(self._transitions), []
+        return drained
+
+    @contextlib.contextmanager
+    def turn(self, action: str) -> Iterator[None]:
+        """Wake, do `action`, and sleep again when train-side offload is on (even if `action` fails)."""
+        self.wake()
+        self.residency.require_awake(action)
+        try:
+            yield
+        finally:
+            if self.offload:
+                self.sleep()
+
+    def shard(self, parts: tuple[RolloutBatch, ...]) -> RolloutBatch:
+        """This rank's rows of the step's batch (the engines' parts merged, then rows rank::world)."""
+        from ppo_trainer.roles.rollout import merge_batches
+
+        return merge_batches(list(parts)).shard(self.rank, self.world_size)
+
+    def log_probs(self, *parts: RolloutBatch) -> torch.Tensor:
+        """[B_rank, T] float32 CPU log-probs of the sampled tokens under this rank's policy."""
+        batch = self.shard(parts)
+        with self.turn("compute log-probs"):
+            return self.backend.forward(batch)["log_probs"]
+
+    def save(self, directory: str) -> str:
+        """Write this rank's model and optimizer state into `directory` (a checkpoint being written)."""
+        from ppo_trainer.checkpoint import write_role_state
+
+        with self.turn("save a checkpoint"):
+            state = {"backend": self.backend.state_dict(), "rng": torch.get_rng_state()}
+        return write_role_state(directory, role=self.role, rank=self.rank, state=state)
+
+    def load(self, directory: str) -> None:
+        from ppo_trainer.checkpoint import read_role_state
+
+        state = read_role_state(directory, role=self.role, rank=self.rank)
+        with self.turn("load a checkpoint"):
+            self.backend.load_state_dict(state["backend"])
+        torch.set_rng_state(state["rng"])

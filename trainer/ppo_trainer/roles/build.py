@@ -1,0 +1,178 @@
+"""Placement and construction of the roles: one shared placement group, fractional shares, the engines.
+
+`compute_layout` decides, from the spec and whether the cluster has GPUs, how many training
+ranks and rollout engines there are and what one bundle holds ({"GPU": 1, "CPU": 1} there,
+{"CPU": 1} here). Actor, critic and reference rank i share bundle i, each with a fractional
+share of it; the rollout engines share those bundles when placement is Colocate and get a
+placement group of their own when Disaggregated. A role's device follows its share: a GPU share
+means "cuda". `build_roles` waits for the placement groups for a bounded time and fails with
+what was asked and what the cluster has, instead of hanging.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from ppojob_api.spec import PPOJobSpec
+from ppojob_api.vocabulary import Placement
+from ppo_trainer.offload import Transition
+from ppo_trainer.roles.actor import ActorWorker
+from ppo_trainer.roles.critic import CriticWorker
+from ppo_trainer.roles.group import RoleGroup
+from ppo_trainer.roles.ref import RefWorker
+from ppo_trainer.roles.rollout import RolloutWorker
+
+
+class PlacementError(RuntimeError):
+    """The placement groups could not be placed in time, or the layout is impossible."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    use_gpus: bool
+    train_ranks: int
+    rollout_engines: int
+    colocate: bool
+    with_critic: bool
+
+    @property
+    def device(self) -> str:
+        return "cuda" if self.use_gpus else "cpu"
+
+    @property
+    def bundle(self) -> dict[str, float]:
+        return {"GPU": 1.0, "CPU": 1.0} if self.use_gpus else {"CPU": 1.0}
+
+    @property
+    def roles_per_train_bundle(self) -> int:
+        """actor + ref (+ critic) (+ a colocated engine)."""
+        return 2 + int(self.with_critic) + int(self.colocate)
+
+    def share(self, *, shared: bool) -> dict[str, float]:
+        """Ray resources of one role's rank: a fraction of a training bundle, or a whole one."""
+        fraction = 1.0 / self.roles_per_train_bundle if shared else 1.0
+        key = "num_gpus" if self.use_gpus else "num_cpus"
+        return {key: fraction, "num_cpus": fraction} if self.use_gpus else {key: fraction}
+
+
+def compute_layout(spec: PPOJobSpec, *, use_gpus: bool, cpu_ranks: int = 1) -> Layout:
+    """Training ranks and engines: from the spec's GPUs on a GPU cluster, `cpu_ranks` and one engine on CPUs."""
+    colocate = spec.placement == Placement.COLOCATE
+    if spec.actor.parallelism.model_parallel_size != 1 or spec.rollout.tensor_parallel != 1:
+        raise PlacementError(
+            "the Torch backend and engine run one device per rank: set actor.parallelism, critic.parallelism "
+            "and rollout.tensorParallel to 1 (tensor and pipeline parallelism need the Megatron backend)"
+        )
+    if use_gpus:
+        train_gpus = spec.resources.total_gpus - (0 if colocate else spec.rollout.gpus)
+        if train_gpus < 1:
+            raise PlacementError(
+                f"no GPUs left for training: resources give {spec.resources.total_gpus} and rollout.gpus takes "
+                f"{spec.rollout.gpus}; raise resources.gpusPerNode or lower rollout.gpus"
+            )
+        engines = train_gpus if colocate else spec.rollout.gpus
+        return Layout(True, train_gpus, engines, colocate, spec.critic.enabled)
+    return Layout(False, cpu_ranks, 1, colocate, spec.critic.enabled)
+
+
+@dataclass
+class Roles:
+    """The role groups of one run, and the operations that span them."""
+
+    layout: Layout
+    rollout: RoleGroup
+    actor: RoleGroup
+    ref: RoleGroup
+    critic: RoleGroup | None
+    placement_groups: list[PlacementGroup] = field(default_factory=list)
+
+    @property
+    def groups(self) -> list[RoleGroup]:
+        return [g for g in (self.rollout, self.actor, self.critic, self.ref) if g is not None]
+
+    def sync_weights(self) -> None:
+        """New actor weights to every engine: through Ray when colocated, over the link when not."""
+        actor0 = self.actor.handles[0]
+        if self.layout.colocate:
+            weights = actor0.export_weights.remote()
+            ray.get([engine.update_weights.remote(weights) for engine in self.rollout.handles])
+        else:
+            ray.get(actor0.broadcast_weights.remote())
+
+    def poll(self) -> tuple[list[Transition], dict[str, str]]:
+        """Every rank's transitions since the last poll (in time order), and each role's state (rank 0's)."""
+        handles = [h for g in self.groups for h in g.handles]
+        drained = ray.get([h.drain_transitions.remote() for h in handles])
+        states = ray.get([g.handles[0].state.remote() for g in self.groups])
+        transitions = sorted((t for ts in drained for t in ts), key=lambda t: t.time)
+        return transitions, {g.role: s for g, s in zip(self.groups, states)}
+
+    def shutdown(self) -> None:
+        for group in self.groups:
+            group.kill()
+        for pg in self.placement_groups:
+            remove_placement_group(pg)
+
+
+def _wait(pg: PlacementGroup, *, what: str, bundles: list[dict], timeout: float) -> None:
+    ready, _ = ray.wait([pg.ready()], timeout=timeout)
+    if not ready:
+        remove_placement_group(pg)
+        raise PlacementError(
+            f"the {what} placement group ({len(bundles)} x {bundles[0]}) was not placed within {timeout:.0f}s; "
+            f"the cluster has {ray.available_resources()} available: free resources or lower the request"
+        )
+
+
+def build_roles(spec: PPOJobSpec, layout: Layout, *, timeout: float) -> Roles:
+    train_bundles = [dict(layout.bundle) for _ in range(layout.train_ranks)]
+    train_pg = placement_group(train_bundles, strategy="PACK")
+    _wait(train_pg, what="training", bundles=train_bundles, timeout=timeout)
+    pgs = [train_pg]
+    offload = spec.train_offload
+
+    def on(pg: PlacementGroup, index: int, share: dict[str, float]) -> dict:
+        strategy = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index)
+        return {**share, "scheduling_strategy": strategy}
+
+    if layout.colocate:
+        rollout_pg, engine_share = train_pg, layout.share(shared=True)
+        engine_bundle = [i % layout.train_ranks for i in range(layout.rollout_engines)]
+    else:
+        rollout_bundles = [dict(layout.bundle) for _ in range(layout.rollout_engines)]
+        rollout_pg = placement_group(rollout_bundles, strategy="PACK")
+        _wait(rollout_pg, what="rollout", bundles=rollout_bundles, timeout=timeout)
+        pgs.append(rollout_pg)
+        engine_share, engine_bundle = layout.share(shared=False), list(range(layout.rollout_engines))
+
+    engines = [
+        ray.remote(RolloutWorker)
+        .options(**on(rollout_pg, engine_bundle[rank], engine_share))
+        .remote(spec, rank=rank, device=layout.device)
+        for rank in range(layout.rollout_engines)
+    ]
+    share, ranks = layout.share(shared=True), range(layout.train_ranks)
+    common = dict(world_size=layout.train_ranks, device=layout.device, offload=offload)
+    link = None if layout.colocate else engines
+
+    def group(cls, role: str, **extra) -> RoleGroup:
+        handles = [
+            ray.remote(cls).options(**on(train_pg, rank, share)).remote(spec, rank=rank, **common, **extra)
+            for rank in ranks
+        ]
+        return RoleGroup(role, handles)
+
+    roles = Roles(
+        layout=layout,
+        rollout=RoleGroup("rollout", engines),
+        actor=group(ActorWorker, "actor", link_engines=link),
+        ref=group(RefWorker, "ref"),
+        critic=group(CriticWorker, "critic") if layout.with_critic else None,
+        placement_groups=pgs,
+    )
+    ray.get([h.state.remote() for g in roles.groups for h in g.handles])  # constructors done
+    return roles

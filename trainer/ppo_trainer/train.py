@@ -1,0 +1,149 @@
+"""The PPO loop, on one screen: generate, critic trains and returns refs, actor trains on them, sync.
+
+`train` is the whole schedule of a run: each step generates and scores a batch (the rollout
+engines sleep afterwards when rollout offload is on), computes the actor's and the reference's
+log-probs once, trains the critic K times and gets its output back as ObjectRefs, and, unless the
+step is a critic-only warm-up step, trains the actor on those refs (`external_data`; the driver
+never fetches them) and sends the new weights to the engines. In warm-up steps the actor did not
+change, so the sync is skipped and counted. `run` wires a run together (prompts, roles, resume).
+"""
+
+from __future__ import annotations
+
+import time
+
+import ray
+
+from ppojob_api.spec import PPOJobSpec
+from ppojob_api.vocabulary import Stage
+from ppo_trainer.checkpoint import CheckpointManager, TrainerState, capture_rng, restore_rng
+from ppo_trainer.data import PromptSampler, load_jsonl_prompts, synthetic_prompts
+from ppo_trainer.metrics import StageTimer, StepMetrics
+from ppo_trainer.progress import ProgressTracker
+from ppo_trainer.reporting import Reporter
+from ppo_trainer.roles.build import Roles, build_roles, compute_layout
+
+SYNTHETIC_PROMPTS = 1024
+
+
+def train(spec: PPOJobSpec, *, roles: Roles, sampler: PromptSampler, state: TrainerState,
+          status: ProgressTracker, checkpoints: CheckpointManager | None) -> TrainerState:
+    ppo, critic_updates = spec.ppo, spec.critic.updates_per_actor_update
+    for step in range(state.step, ppo.num_rollouts):
+        critic_only = ppo.is_critic_only_step(step)  # the warm-up: the critic learns, the actor waits
+        timer = StageTimer()
+        status.stage(Stage.GENERATE, state=state)
+        with timer("generate"):
+            batch, rollout_stats = roles.rollout.async_call(
+                "generate", sampler.next_batch(), seed=spec.seed * 1_000_003 + step, num_returns=2)
+            rollout_stats = ray.get(rollout_stats)
+            if spec.offload.rollout:
+                roles.rollout.call("sleep")
+        with timer("log_probs"):  # once per step, for both critic and actor: one reward definition
+            old_log_probs = roles.actor.async_call("log_probs", *batch)
+            ref_log_probs = roles.ref.async_call("log_probs", *batch)
+            ray.wait([*old_log_probs, *ref_log_probs], num_returns=2 * roles.actor.world_size)
+        values = critic_stats = actor_stats = None
+        if roles.critic is not None:
+            status.stage(Stage.CRITIC_TRAIN, state=state)
+            with timer("critic_train"):
+                values, critic_stats = roles.critic.async_train(
+                    *batch, old_log_probs=old_log_probs, ref_log_probs=ref_log_probs,
+                    updates=critic_updates, num_returns=2)
+                critic_stats = ray.get(critic_stats)  # metrics only: the values stay refs
+        if not critic_only:
+            status.stage(Stage.ACTOR_TRAIN, state=state)
+            with timer("actor_train"):
+                actor_stats = ray.get(roles.actor.async_train(
+                    *batch, old_log_probs=old_log_probs, ref_log_probs=ref_log_probs, external_data=values))
+            status.stage(Stage.WEIGHT_SYNC, state=state)
+            with timer("weight_sync"):
+                roles.sync_weights()
+        else:
+            state.critic_only_steps_done += 1
+            state.weight_syncs_skipped += 1  # the actor did not change: nothing to send
+        state.step = step + 1
+        metrics = summarize(step, critic_only, rollout_stats, critic_stats, actor_stats, timer)
+        state.history.append(metrics.to_dict())
+        status.step_done(metrics, state=state)
+        if checkpoints is not None and should_checkpoint(spec, state.step):
+            status.stage(Stage.CHECKPOINT, state=state)
+            save_checkpoint(roles, checkpoints, state, sampler, status)
+    status.finish()
+    return state
+
+
+def summarize(step, critic_only, rollout_stats, critic_stats, actor_stats, timer) -> StepMetrics:
+    """One step's metrics from the per-rank statistics (sums for counts, means for the rest)."""
+    samples = sum(s["samples"] for s in rollout_stats)
+
+    def mean(stats, key):
+        return sum(s[key] for s in stats) / len(stats) if stats else None
+
+    return StepMetrics(
+        step=step, critic_only=critic_only,
+        reward_mean=sum(s["reward_sum"] for s in rollout_stats) / samples,
+        response_tokens=int(sum(s["response_tokens"] for s in rollout_stats)), samples=int(samples),
+        seconds=timer.total, stage_seconds=dict(timer.seconds),
+        value_loss=mean(critic_stats, "value_loss"), value_clipfrac=mean(critic_stats, "value_clipfrac"),
+        policy_loss=mean(actor_stats, "policy_loss"), clipfrac=mean(actor_stats, "clipfrac"),
+        kl=mean(actor_stats or critic_stats, "kl"), entropy=mean(actor_stats, "entropy"),
+    )
+
+
+def should_checkpoint(spec: PPOJobSpec, steps_done: int) -> bool:
+    interval = spec.checkpoint.interval
+    return interval > 0 and (steps_done % interval == 0 or steps_done == spec.ppo.num_rollouts)
+
+
+def save_checkpoint(roles: Roles, checkpoints: CheckpointManager, state: TrainerState,
+                    sampler: PromptSampler, status: ProgressTracker) -> None:
+    started = time.perf_counter()
+    temp = checkpoints.begin(state.step)
+    try:
+        trained = [g for g in (roles.actor, roles.critic) if g is not None]
+        ray.get([ref for g in trained for ref in g.async_call("save", str(temp))])
+        state.sampler, state.rng = sampler.state_dict(), capture_rng()
+        path = checkpoints.commit(temp, state)
+    except BaseException:
+        checkpoints.abort(temp)
+        raise
+    status.checkpoint(step=state.step, path=str(path), seconds=time.perf_counter() - started)
+
+
+def load_prompts(spec: PPOJobSpec):
+    if spec.data.prompts == "synthetic":
+        return synthetic_prompts(SYNTHETIC_PROMPTS, seed=spec.seed)
+    return load_jsonl_prompts(spec.data.prompts, prompt_key=spec.data.prompt_key, label_key=spec.data.label_key)
+
+
+def run(spec: PPOJobSpec, *, reporter: Reporter, checkpoint_dir: str | None, resume: bool,
+        use_gpus: bool, cpu_ranks: int = 1, attempt: int = 0) -> TrainerState:
+    """Build the roles, restore the latest checkpoint when resuming, and train to the end."""
+    checkpoints = CheckpointManager(checkpoint_dir, keep=spec.checkpoint.keep) if checkpoint_dir else None
+    sampler = PromptSampler(load_prompts(spec), spec.rollout.batch_size, seed=spec.seed)
+    layout = compute_layout(spec, use_gpus=use_gpus, cpu_ranks=cpu_ranks)
+    roles = build_roles(spec, layout, timeout=spec.scheduling.schedule_timeout_seconds)
+    try:
+        state = TrainerState()
+        latest = checkpoints.latest() if (checkpoints and resume) else None
+        if latest is not None:
+            state = checkpoints.load_state(latest)
+            sampler.load_state_dict(state.sampler)
+            restore_rng(state.rng)
+            trained = [g for g in (roles.actor, roles.critic) if g is not None]
+            ray.get([ref for g in trained for ref in g.async_call("load", str(latest))])
+            reporter.event("note", line=f"resumed from {latest} at step {state.step}", path=str(latest))
+        status = ProgressTracker(reporter=reporter, poll=roles.poll, total_steps=spec.ppo.num_rollouts,
+                                 critic_only_steps=spec.ppo.num_critic_only_steps,
+                                 with_critic=roles.critic is not None, state=state, attempt=attempt)
+        if latest is not None:  # fresh engines hold the initial weights; restored ones must be sent
+            status.stage(Stage.WEIGHT_SYNC, state=state)
+            roles.sync_weights()
+        try:
+            return train(spec, roles=roles, sampler=sampler, state=state, status=status, checkpoints=checkpoints)
+        except Exception as exc:
+            status.finish(error=f"{type(exc).__name__}: {exc}")
+            raise
+    finally:
+        roles.shutdown()
