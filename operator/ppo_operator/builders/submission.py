@@ -1,0 +1,56 @@
+"""build_submission: the Ray job-submission request that starts the trainer on the head (real clusters).
+
+POSTed to the head's dashboard (`/api/jobs/`) with a submission id fixed by (job uid, attempt): a
+second POST for the same attempt is refused by Ray, so an operator restarted at any point never
+starts a second trainer. The spec travels inside the entrypoint (base64 of the PPOJob manifest),
+a snapshot taken when the attempt starts. Pure.
+"""
+
+from __future__ import annotations
+
+import base64
+import shlex
+from typing import Any
+
+import yaml
+
+from ppojob_api.vocabulary import API_VERSION, KIND
+
+from ppo_operator import names
+from ppo_operator.builders.common import BuildOptions
+from ppo_operator.job import Job
+
+DASHBOARD_PORT = 8265
+
+
+def trainer_manifest(job: Job) -> dict[str, Any]:
+    """The PPOJob manifest the trainer reads as its CONFIG."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": job.name, "namespace": job.namespace, "uid": job.uid},
+        "spec": dict(job.raw_spec),
+    }
+
+
+def trainer_args(*, config: str, run_dir: str, resume: bool, options: BuildOptions) -> list[str]:
+    """`ppo-train CONFIG --run-dir DIR [--resume]`: an attempt after the first resumes from its checkpoint."""
+    return [*options.trainer_command, config, "--run-dir", run_dir, *(["--resume"] if resume else [])]
+
+
+def dashboard_url(job: Job, attempt: int) -> str:
+    """The head's dashboard through the Service KubeRay makes for it."""
+    return f"http://{names.raycluster_name(job.name, attempt)}-head-svc.{job.namespace}.svc:{DASHBOARD_PORT}"
+
+
+def build_submission(job: Job, *, attempt: int, run_dir: str, options: BuildOptions) -> dict[str, Any]:
+    config = f"/tmp/ppojob-{job.uid}-a{attempt}.yaml"
+    encoded = base64.b64encode(yaml.safe_dump(trainer_manifest(job), sort_keys=True).encode()).decode()
+    args = trainer_args(config=config, run_dir=run_dir, resume=attempt > 0, options=options)
+    entrypoint = f"echo {encoded} | base64 -d > {config} && exec {shlex.join(args)}"
+    return {
+        "submission_id": names.submission_id(job.uid, attempt),
+        "entrypoint": entrypoint,
+        "runtime_env": {"env_vars": {"PPOJOB_ATTEMPT": str(attempt)}},
+        "metadata": {"ppojob": f"{job.namespace}/{job.name}", "attempt": str(attempt)},
+    }

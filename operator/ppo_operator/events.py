@@ -1,0 +1,67 @@
+"""compute_events: the Kubernetes Events that tell a job's story, derived from status transitions.
+
+Each phase change and each condition flip becomes one Event (Warning for failures), so that
+`kubectl describe ppojob` reads as the job's history. Progress events (warm-up k/N, checkpoint
+written) come from two successive trainer reports. Pure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from ppojob_api.vocabulary import ConditionType, Phase, Reason
+
+from ppo_operator.conditions import TRUE, get_condition
+
+NORMAL, WARNING = "Normal", "Warning"
+
+WARNING_REASONS = {
+    Reason.INVALID_SPEC, Reason.GANG_TIMEOUT, Reason.POD_LOST, Reason.TRAINER_LOST, Reason.TRAINER_FAILED,
+    Reason.BACKOFF_LIMIT_EXCEEDED, Reason.DEADLINE_EXCEEDED, Reason.RECONCILE_ERROR,
+}
+# Condition flips worth an Event of their own (the phase events cover the rest).
+STORY_CONDITIONS = (ConditionType.GANG_SCHEDULED, ConditionType.CLUSTER_READY, ConditionType.TRAINER_RUNNING)
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    type: str
+    reason: str
+    message: str
+
+
+def _event(reason: str, message: str) -> Event:
+    warning = reason in {r.value for r in WARNING_REASONS}
+    return Event(WARNING if warning else NORMAL, reason, message)
+
+
+def compute_events(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Event]:
+    """Events for the transitions from the old operator status to the new one, in story order."""
+    events: list[Event] = []
+    old_conditions, new_conditions = old.get("conditions") or [], new.get("conditions") or []
+    for type_ in STORY_CONDITIONS:
+        before, after = get_condition(old_conditions, type_), get_condition(new_conditions, type_)
+        if after and after.get("status") == TRUE and (not before or before.get("status") != TRUE):
+            events.append(_event(after["reason"], after.get("message", "")))
+    if new.get("phase") != old.get("phase") and new.get("phase"):
+        phase = Phase(new["phase"])
+        message = new.get("message", "")
+        events.append(_event(new.get("reason") or phase.value, f"{phase.value}: {message}" if message else phase.value))
+    return events
+
+
+def compute_progress_events(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Event]:
+    """Events for what the trainer reported since its previous report: warm-up steps, checkpoints."""
+    events: list[Event] = []
+    done, total = new.get("criticOnlyStepsDone"), new.get("criticOnlySteps")
+    if done and done != old.get("criticOnlyStepsDone") and total:
+        reason = Reason.WARMUP_DONE if done >= total else Reason.WARMUP_STEP
+        events.append(_event(reason.value, f"critic-only warm-up {done}/{total} done"))
+    checkpoint = new.get("lastCheckpoint") or {}
+    if checkpoint.get("step") is not None and checkpoint != (old.get("lastCheckpoint") or {}):
+        events.append(
+            _event(Reason.CHECKPOINT_WRITTEN.value, f"checkpoint of step {checkpoint['step']} at {checkpoint.get('path', '?')}")
+        )
+    return events

@@ -1,0 +1,156 @@
+"""What the operator observed of a job's world: compact records of its children and its trainer.
+
+The summarize_* functions turn a watched object's body into a small frozen record (what kopf's
+indices keep in memory), so that the reconcile reads the cluster from memory, not from the API
+server. `Observed` gathers the records of one job. Pure; depends on the standard library,
+the vocabulary and `job`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+from ppojob_api.vocabulary import LABEL_ATTEMPT, LABEL_ROLE
+
+from ppo_operator.job import parse_time
+
+
+def _attempt(labels: Mapping[str, str]) -> int | None:
+    value = labels.get(LABEL_ATTEMPT, "")
+    return int(value) if value.isdigit() else None
+
+
+@dataclasses.dataclass(frozen=True)
+class PodRecord:
+    name: str
+    attempt: int | None
+    role: str
+    phase: str
+    node: str | None
+    created: datetime | None
+    scheduled_at: datetime | None
+    unschedulable: str
+    """The scheduler's reason and message while the pod is not placed ("" once placed)."""
+    deleting: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterRecord:
+    name: str
+    attempt: int | None
+    ready: bool
+    state: str
+    suspended: bool
+    deleting: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class PodGroupRecord:
+    name: str
+    attempt: int | None
+    api_version: str
+    kind: str
+    summary: Mapping[str, Any]
+    """{'spec': {'minMember'}, 'status': {...}}: what a gang backend needs to describe its state."""
+    deleting: bool
+
+
+def summarize_pod(body: Mapping[str, Any]) -> PodRecord:
+    meta, spec, status = body.get("metadata", {}), body.get("spec", {}), body.get("status", {}) or {}
+    labels = meta.get("labels") or {}
+    scheduled = next((c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), None)
+    unschedulable = ""
+    if not spec.get("nodeName") and scheduled and scheduled.get("status") == "False":
+        unschedulable = f"{scheduled.get('reason', 'Unschedulable')}: {scheduled.get('message', '')}".strip()
+    return PodRecord(
+        name=meta.get("name", ""),
+        attempt=_attempt(labels),
+        role=labels.get(LABEL_ROLE, ""),
+        phase=status.get("phase") or "Pending",
+        node=spec.get("nodeName") or None,
+        created=parse_time(meta.get("creationTimestamp")),
+        scheduled_at=parse_time(scheduled.get("lastTransitionTime")) if scheduled and scheduled.get("status") == "True" else None,
+        unschedulable=unschedulable,
+        deleting=bool(meta.get("deletionTimestamp")),
+    )
+
+
+def summarize_raycluster(body: Mapping[str, Any]) -> ClusterRecord:
+    meta, status = body.get("metadata", {}), body.get("status") or {}
+    provisioned = any(
+        c.get("type") == "RayClusterProvisioned" and c.get("status") == "True" for c in status.get("conditions") or []
+    )
+    state = status.get("state") or ""
+    return ClusterRecord(
+        name=meta.get("name", ""),
+        attempt=_attempt(meta.get("labels") or {}),
+        ready=state == "ready" or provisioned,
+        state=state or ("provisioned" if provisioned else "pending"),
+        suspended=bool((body.get("spec") or {}).get("suspend")),
+        deleting=bool(meta.get("deletionTimestamp")),
+    )
+
+
+def summarize_pod_group(body: Mapping[str, Any]) -> PodGroupRecord:
+    meta = body.get("metadata", {})
+    return PodGroupRecord(
+        name=meta.get("name", ""),
+        attempt=_attempt(meta.get("labels") or {}),
+        api_version=body.get("apiVersion", ""),
+        kind=body.get("kind", "PodGroup"),
+        summary={
+            "spec": {"minMember": (body.get("spec") or {}).get("minMember")},
+            "status": dict(body.get("status") or {}),
+        },
+        deleting=bool(meta.get("deletionTimestamp")),
+    )
+
+
+class TrainerState(str, enum.Enum):
+    """What a launcher knows of the trainer of one attempt."""
+
+    NOT_STARTED = "NotStarted"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    UNKNOWN = "Unknown"  # the launcher cannot tell now (e.g. the dashboard did not answer)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerRecord:
+    state: TrainerState = TrainerState.NOT_STARTED
+    handle: str = ""
+    """What identifies the trainer: a Ray submission id, or `local:<pid>`."""
+    message: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Observed:
+    """Everything compute_status needs beyond the job itself."""
+
+    pods: tuple[PodRecord, ...] = ()
+    clusters: tuple[ClusterRecord, ...] = ()
+    pod_groups: tuple[PodGroupRecord, ...] = ()
+    trainer: TrainerRecord = TrainerRecord()
+    reference_problem: str | None = None
+    """A referenced object (volume claim, secret) that does not exist, naming the field."""
+    identity_ready: bool = False
+    """The trainer's ServiceAccount, Role and RoleBinding were ensured."""
+
+    def pods_of(self, attempt: int) -> list[PodRecord]:
+        return [p for p in self.pods if p.attempt == attempt]
+
+    def cluster_of(self, attempt: int) -> ClusterRecord | None:
+        return next((c for c in self.clusters if c.attempt == attempt and not c.deleting), None)
+
+    def pod_group_of(self, attempt: int) -> PodGroupRecord | None:
+        return next((g for g in self.pod_groups if g.attempt == attempt and not g.deleting), None)
+
+    def stale(self, attempt: int) -> list[ClusterRecord | PodGroupRecord | PodRecord]:
+        """Children (and pods) of other attempts, still present."""
+        items: Iterable[Any] = (*self.clusters, *self.pod_groups, *self.pods)
+        return [item for item in items if item.attempt != attempt]

@@ -1,0 +1,235 @@
+"""compute_status: the job's status as a pure function of the job, what was observed, and the clock.
+
+The operator owns every key of `status` except `progress` (the trainer's). The phase follows the
+attempt through Pending (children being created), Scheduling (gang not yet placed), Initializing
+(cluster starting, trainer starting), CriticWarmup / Training (from the trainer's progress), to
+Succeeded or Failed; Suspended and Restarting around them. A failure of the attempt restarts the
+job (attempt + 1) while restarts < backoffLimit. Depends on `decisions`, `conditions`, `observed`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+from ppojob_api.spec import PPOJobSpec
+from ppojob_api.vocabulary import ConditionType, Phase, Reason
+
+from ppo_operator import names
+from ppo_operator.conditions import UNKNOWN, get_condition, set_condition
+from ppo_operator.decisions import (
+    Policy,
+    Verdict,
+    describe_pending_gang,
+    find_failure,
+    gang_placement,
+    is_deadline_exceeded,
+    is_finished_by_trainer,
+)
+from ppo_operator.job import Job, format_time, parse_time
+from ppo_operator.observed import Observed, TrainerState
+
+OPERATOR_KEYS = (
+    "phase", "reason", "message", "observedGeneration", "startTime", "completionTime",
+    "restarts", "attempt", "children", "conditions",
+)
+# Conditions that describe the running attempt; reset on restart, suspend and finish.
+ATTEMPT_CONDITIONS = (ConditionType.GANG_SCHEDULED, ConditionType.CLUSTER_READY, ConditionType.TRAINER_RUNNING)
+
+
+def operator_status(status: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a status the operator writes (everything but the trainer's progress)."""
+    return {k: status[k] for k in OPERATOR_KEYS if k in status and status[k] is not None}
+
+
+class _Draft:
+    """The status being computed: a dict plus the condition setter with the clock and generation bound."""
+
+    def __init__(self, job: Job, now: datetime):
+        self.job, self.now = job, now
+        self.status = operator_status(job.status)
+        self.status["observedGeneration"] = job.generation
+        self.status.setdefault("restarts", 0)
+        self.status.setdefault("attempt", 0)
+        self.status.setdefault("conditions", [])
+
+    @property
+    def conditions(self) -> list[dict[str, Any]]:
+        return self.status["conditions"]
+
+    def condition(self, type_: ConditionType, status: bool | str, reason: Reason, message: str, since=None) -> None:
+        self.status["conditions"] = set_condition(
+            self.conditions, type_, status, reason, message, now=self.now, generation=self.job.generation, since=since
+        )
+
+    def phase(self, phase: Phase, reason: Reason, message: str) -> dict[str, Any]:
+        self.status.update(phase=phase.value, reason=reason.value, message=message)
+        return self.status
+
+    def reset_attempt(self, reason: Reason, message: str, status: bool | str = UNKNOWN) -> None:
+        """The attempt's conditions become Unknown (a new attempt starts) or False (the job ended)."""
+        for type_ in ATTEMPT_CONDITIONS:
+            if get_condition(self.conditions, type_) is not None:
+                self.condition(type_, status, reason, message)
+
+    def finish(self, phase: Phase, reason: Reason, message: str) -> dict[str, Any]:
+        self.reset_attempt(reason, message, False)
+        if get_condition(self.conditions, ConditionType.CRITIC_WARMUP) is not None:
+            self.condition(ConditionType.CRITIC_WARMUP, False, reason, message)
+        self.condition(ConditionType.SUCCEEDED, phase == Phase.SUCCEEDED, reason, message)
+        if phase == Phase.FAILED:
+            self.condition(ConditionType.FAILED, True, reason, message)
+        self.status["completionTime"] = format_time(self.now)
+        return self.phase(phase, reason, message)
+
+
+def compute_status(job: Job, observed: Observed, now: datetime, *, policy: Policy | None = None) -> dict[str, Any]:
+    """The operator's part of the new status (compare with `operator_status(job.status)`)."""
+    policy = policy or Policy()
+    draft = _Draft(job, now)
+    old_phase = job.status.get("phase")
+    if old_phase in (Phase.SUCCEEDED.value, Phase.FAILED.value):
+        return draft.status
+    spec, problem = job.parse()
+    if spec is not None:
+        problem = policy.backend(spec).check(spec) or observed.reference_problem
+    if spec is None or problem:
+        draft.condition(ConditionType.VALID, False, Reason.INVALID_SPEC, problem or "")
+        return draft.finish(Phase.FAILED, Reason.INVALID_SPEC, problem or "")
+    draft.condition(ConditionType.VALID, True, Reason.CREATED, "the spec passed the operator's checks")
+    draft.status.setdefault("startTime", format_time(now))
+    if spec.run_policy.suspend:
+        return _suspended(draft)
+    if old_phase == Phase.SUSPENDED.value:
+        _resume(draft)
+    if is_deadline_exceeded(spec, parse_time(draft.status["startTime"]), now):
+        limit = spec.run_policy.active_deadline_seconds
+        return draft.finish(
+            Phase.FAILED, Reason.DEADLINE_EXCEEDED, f"runPolicy.activeDeadlineSeconds ({limit}s) exceeded"
+        )
+    attempt_job = _with_attempt(job, draft.status["attempt"])
+    return _attempt_status(draft, attempt_job, spec, observed, policy, old_phase)
+
+
+def _with_attempt(job: Job, attempt: int) -> Job:
+    return replace(job, status={**job.status, "attempt": attempt})
+
+
+def _suspended(draft: _Draft) -> dict[str, Any]:
+    message = "runPolicy.suspend is true: the RayCluster is deleted, progress is kept; set it to false to resume"
+    draft.condition(ConditionType.SUSPENDED, True, Reason.SUSPENDED, message)
+    draft.reset_attempt(Reason.SUSPENDED, "suspended")
+    return draft.phase(Phase.SUSPENDED, Reason.SUSPENDED, message)
+
+
+def _resume(draft: _Draft) -> None:
+    draft.status["attempt"] += 1
+    draft.status["startTime"] = format_time(draft.now)  # as a Job: the deadline counts from the resume
+    draft.condition(
+        ConditionType.SUSPENDED, False, Reason.RESUMED, f"resumed as attempt {draft.status['attempt']} from the last checkpoint"
+    )
+
+
+def _children(job: Job, spec: PPOJobSpec, observed: Observed, policy: Policy) -> dict[str, str]:
+    attempt = job.attempt
+    children = {"rayCluster": names.raycluster_name(job.name, attempt)}
+    if policy.backend(spec).pod_group_resource is not None:
+        children["podGroup"] = names.pod_group_name(job.name, attempt)
+    if observed.identity_ready:
+        children["serviceAccount"] = names.service_account_name(job.name)
+    if observed.trainer.handle:
+        children["submission"] = observed.trainer.handle
+    return children
+
+
+def _restart_or_fail(draft: _Draft, spec: PPOJobSpec, failure: Verdict) -> dict[str, Any]:
+    restarts, limit = draft.status["restarts"], spec.run_policy.backoff_limit
+    if not failure.retryable:
+        return draft.finish(Phase.FAILED, failure.reason, failure.message)
+    if restarts >= limit:
+        message = f"{failure.reason.value}: {failure.message}; runPolicy.backoffLimit ({limit}) reached"
+        return draft.finish(Phase.FAILED, Reason.BACKOFF_LIMIT_EXCEEDED, message)
+    draft.status["restarts"] = restarts + 1
+    draft.status["attempt"] += 1
+    checkpoint = (draft.job.progress.get("lastCheckpoint") or {}).get("step")
+    where = f"step {checkpoint}" if checkpoint is not None else "the start (no checkpoint yet)"
+    message = f"restart {restarts + 1}/{limit} from {where}: {failure.message}"
+    draft.reset_attempt(failure.reason, message)
+    return draft.phase(Phase.RESTARTING, failure.reason, message)
+
+
+def _attempt_status(
+    draft: _Draft, job: Job, spec: PPOJobSpec, observed: Observed, policy: Policy, old_phase: str | None
+) -> dict[str, Any]:
+    attempt, backend = job.attempt, policy.backend(spec)
+    draft.status["children"] = _children(job, spec, observed, policy)
+    cluster = observed.cluster_of(attempt)
+    gang_condition = get_condition(draft.conditions, ConditionType.GANG_SCHEDULED)
+    if gang_condition is None or gang_condition.get("status") == UNKNOWN:
+        # The attempt's clock for scheduling.scheduleTimeoutSeconds starts here.
+        draft.condition(ConditionType.GANG_SCHEDULED, False, Reason.GANG_PENDING, "creating the gang")
+    failure = find_failure(job, spec, observed, draft.conditions, draft.now, policy)
+    if failure is not None:
+        return _restart_or_fail(draft, spec, failure)
+    if is_finished_by_trainer(job, observed):
+        progress = job.progress
+        return draft.finish(
+            Phase.SUCCEEDED, Reason.SUCCEEDED,
+            f"{progress.get('steps') or spec.ppo.num_rollouts} steps done" + (
+                f"; last checkpoint {progress['lastCheckpoint'].get('path')}" if progress.get("lastCheckpoint") else ""
+            ),
+        )
+    if old_phase == Phase.RESTARTING.value and (observed.stale(attempt) or cluster is None):
+        return draft.status  # the previous attempt is still being torn down
+    if cluster is None:
+        return draft.phase(Phase.PENDING, Reason.CREATED, f"creating the gang and the RayCluster of attempt {attempt}")
+    placement = gang_placement(job, spec, observed, attempt)
+    if not placement.placed:
+        words = describe_pending_gang(job, spec, observed, attempt, backend)
+        draft.condition(ConditionType.GANG_SCHEDULED, False, Reason.GANG_PENDING, words)
+        return draft.phase(Phase.SCHEDULING, Reason.GANG_PENDING, words)
+    draft.condition(
+        ConditionType.GANG_SCHEDULED, True, Reason.GANG_SCHEDULED,
+        f"{placement.expected} pods placed together ({backend.label})", since=placement.since,
+    )
+    if not cluster.ready:
+        message = f"waiting for RayCluster {cluster.name} to be ready (state: {cluster.state})"
+        draft.condition(ConditionType.CLUSTER_READY, False, Reason.CLUSTER_NOT_READY, message)
+        return draft.phase(Phase.INITIALIZING, Reason.CLUSTER_NOT_READY, message)
+    draft.condition(ConditionType.CLUSTER_READY, True, Reason.CLUSTER_READY, f"RayCluster {cluster.name} is ready")
+    trainer = observed.trainer
+    if trainer.state == TrainerState.NOT_STARTED:
+        message = f"starting the trainer of attempt {attempt}"
+        draft.condition(ConditionType.TRAINER_RUNNING, False, Reason.TRAINER_PENDING, message)
+        return draft.phase(Phase.INITIALIZING, Reason.TRAINER_PENDING, message)
+    draft.condition(
+        ConditionType.TRAINER_RUNNING, True, Reason.TRAINER_STARTED, f"trainer {trainer.handle} (attempt {attempt})"
+    )
+    return _training_phase(draft, spec, job)
+
+
+def _training_phase(draft: _Draft, spec: PPOJobSpec, job: Job) -> dict[str, Any]:
+    total = spec.ppo.num_critic_only_steps
+    done = int(job.progress.get("criticOnlyStepsDone") or 0)
+    if done < total:
+        message = f"critic-only warm-up of {total} steps (the actor is frozen)"
+        draft.condition(ConditionType.CRITIC_WARMUP, True, Reason.WARMUP_STEP, message)
+        return draft.phase(Phase.CRITIC_WARMUP, Reason.WARMUP_STEP, message)
+    if total:
+        draft.condition(ConditionType.CRITIC_WARMUP, False, Reason.WARMUP_DONE, f"critic-only warm-up of {total} steps done")
+    return draft.phase(Phase.TRAINING, Reason.TRAINING, "training actor and critic")
+
+
+def status_changed(job: Job, new: Mapping[str, Any]) -> bool:
+    return operator_status(job.status) != dict(new)
+
+
+def status_patch(job: Job, new: Mapping[str, Any]) -> dict[str, Any]:
+    """A JSON merge patch of the status subresource: changed keys, removed keys as null."""
+    old = operator_status(job.status)
+    patch: dict[str, Any] = {k: v for k, v in new.items() if old.get(k) != v}
+    patch.update({k: None for k in old if k not in new})
+    return {"status": patch}
+

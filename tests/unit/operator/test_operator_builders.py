@@ -1,0 +1,235 @@
+"""Builders return whole manifests; each test compares an entire object built from make_ppojob."""
+
+from __future__ import annotations
+
+import base64
+
+import yaml
+
+from ppo_operator.builders.common import BuildOptions, gang_of
+from ppo_operator.builders.pod_group import build_pod_group
+from ppo_operator.builders.raycluster import build_raycluster
+from ppo_operator.builders.rbac import build_kubeconfig, build_role, build_role_binding, build_service_account
+from ppo_operator.builders.submission import build_submission
+from ppo_operator.gang import backend_for
+from ppojob_api.vocabulary import GangScheduler
+
+from operator_factory import make_job
+
+OWNER = {
+    "apiVersion": "ppojob.io/v1alpha1", "kind": "PPOJob", "name": "tiny", "uid": "1234-abcd",
+    "controller": True, "blockOwnerDeletion": True,
+}
+JOB_LABELS = {"ppojob.io/job-name": "tiny", "app.kubernetes.io/managed-by": "ppojob-operator"}
+ATTEMPT0 = {**JOB_LABELS, "ppojob.io/attempt": "0"}
+OPTIONS = BuildOptions()
+
+
+def _pod(role, container, resources, *, gang_labels=None, annotations=None, scheduler="scheduler-plugins-scheduler", attempt="0", extra_spec=None, volumes=None, mounts=None, env_from=None):
+    pod_container = {
+        "name": container,
+        "image": "ppojob/trainer:test",
+        "imagePullPolicy": "IfNotPresent",
+        "resources": {"requests": resources, "limits": resources},
+        "env": [
+            {"name": "PPOJOB_NAME", "value": "tiny"},
+            {"name": "PPOJOB_NAMESPACE", "value": "team-a"},
+            {"name": "PPOJOB_ATTEMPT", "value": attempt},
+        ],
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, *(mounts or [])],
+    }
+    if env_from:
+        pod_container["envFrom"] = env_from
+    spec = {
+        "serviceAccountName": "tiny-trainer",
+        "containers": [pod_container],
+        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "4Gi"}}, *(volumes or [])],
+    }
+    if scheduler:
+        spec["schedulerName"] = scheduler
+    spec.update(extra_spec or {})
+    labels = {**JOB_LABELS, "ppojob.io/attempt": attempt, "ppojob.io/role": role}
+    labels.update({"scheduling.x-k8s.io/pod-group": f"tiny-a{attempt}"} if gang_labels is None else gang_labels)
+    metadata = {"labels": labels}
+    if annotations:
+        metadata["annotations"] = annotations
+    return {"metadata": metadata, "spec": spec}
+
+
+HEAD_RES = {"cpu": "2", "memory": "8Gi"}
+TRAIN_RES = {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "4"}
+
+
+def _group(name, replicas, template):
+    return {"groupName": name, "replicas": replicas, "minReplicas": replicas, "maxReplicas": replicas,
+            "rayStartParams": {}, "template": template}
+
+
+def test_build_raycluster_colocated_coscheduling_is_the_whole_object():
+    job = make_job()
+    spec, _ = job.parse()
+    got = build_raycluster(job, spec, attempt=0, backend=backend_for(GangScheduler.COSCHEDULING), options=OPTIONS)
+    assert got == {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayCluster",
+        "metadata": {"name": "tiny-a0", "namespace": "team-a", "labels": ATTEMPT0, "ownerReferences": [OWNER]},
+        "spec": {
+            "rayVersion": "2.60.0",
+            "enableInTreeAutoscaling": False,
+            "headGroupSpec": {
+                "rayStartParams": {"dashboard-host": "0.0.0.0", "num-cpus": "0"},
+                "template": _pod("head", "ray-head", HEAD_RES),
+            },
+            "workerGroupSpecs": [_group("train", 2, _pod("train", "ray-worker", TRAIN_RES))],
+        },
+    }
+
+
+def test_build_raycluster_disaggregated_volcano_with_volume_secret_and_placement_constraints():
+    job = make_job(
+        placement="Disaggregated", rollout={"gpus": 6}, checkpoint={"volumeClaim": "ckpt", "path": "/ckpt"},
+        envFromSecret="hf-token", scheduling={"gangScheduler": "Volcano", "queue": "gpu", "priorityClassName": "high"},
+        resources={"nodeSelector": {"pool": "h200"}, "tolerations": [{"key": "gpu", "operator": "Exists"}]},
+    )
+    spec, problem = job.parse()
+    assert problem is None
+    got = build_raycluster(job, spec, attempt=3, backend=backend_for(GangScheduler.VOLCANO), options=OPTIONS)
+    pod_kwargs = dict(
+        gang_labels={}, annotations={"scheduling.k8s.io/group-name": "tiny-a3"}, scheduler="volcano", attempt="3",
+        extra_spec={"priorityClassName": "high", "nodeSelector": {"pool": "h200"},
+                    "tolerations": [{"key": "gpu", "operator": "Exists"}]},
+        volumes=[{"name": "checkpoints", "persistentVolumeClaim": {"claimName": "ckpt"}}],
+        mounts=[{"name": "checkpoints", "mountPath": "/ckpt"}],
+        env_from=[{"secretRef": {"name": "hf-token"}}],
+    )
+    assert got == {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayCluster",
+        "metadata": {"name": "tiny-a3", "namespace": "team-a", "labels": {**JOB_LABELS, "ppojob.io/attempt": "3"},
+                     "ownerReferences": [OWNER]},
+        "spec": {
+            "rayVersion": "2.60.0",
+            "enableInTreeAutoscaling": False,
+            "headGroupSpec": {
+                "rayStartParams": {"dashboard-host": "0.0.0.0", "num-cpus": "0"},
+                "template": _pod("head", "ray-head", HEAD_RES, **pod_kwargs),
+            },
+            "workerGroupSpecs": [
+                _group("train", 2, _pod("train", "ray-worker", TRAIN_RES, **pod_kwargs)),
+                # 6 rollout GPUs on 4-GPU nodes: 2 pods of 3 GPUs.
+                _group("rollout", 2, _pod("rollout", "ray-worker", {**TRAIN_RES, "nvidia.com/gpu": "3"}, **pod_kwargs)),
+            ],
+        },
+    }
+
+
+def test_build_raycluster_for_kueue_is_suspended_and_queued_with_the_default_scheduler():
+    job = make_job(scheduling={"gangScheduler": "Kueue", "queue": "team-a-queue"})
+    spec, _ = job.parse()
+    got = build_raycluster(job, spec, attempt=0, backend=backend_for(GangScheduler.KUEUE), options=OPTIONS)
+    assert got["metadata"]["labels"] == {**ATTEMPT0, "kueue.x-k8s.io/queue-name": "team-a-queue"}
+    assert got["spec"]["suspend"] is True
+    assert got["spec"]["headGroupSpec"]["template"] == _pod("head", "ray-head", HEAD_RES, gang_labels={}, scheduler=None)
+
+
+def test_build_raycluster_without_gang_scheduler_has_no_gang_fields():
+    job = make_job(scheduling={"gangScheduler": "None"}, resources={"gpusPerNode": 0})
+    spec, _ = job.parse()
+    got = build_raycluster(job, spec, attempt=0, backend=backend_for(GangScheduler.NONE), options=OPTIONS)
+    worker = got["spec"]["workerGroupSpecs"][0]["template"]
+    assert worker == _pod("train", "ray-worker", {"cpu": "8", "memory": "32Gi"}, gang_labels={}, scheduler=None)
+    assert "suspend" not in got["spec"]
+
+
+def test_build_pod_group_coscheduling_counts_every_pod_and_gpu():
+    job = make_job(scheduling={"scheduleTimeoutSeconds": 90})
+    spec, _ = job.parse()
+    assert build_pod_group(job, spec, attempt=1, backend=backend_for(GangScheduler.COSCHEDULING)) == {
+        "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+        "kind": "PodGroup",
+        "metadata": {"name": "tiny-a1", "namespace": "team-a", "labels": {**JOB_LABELS, "ppojob.io/attempt": "1"},
+                     "ownerReferences": [OWNER]},
+        "spec": {"minMember": 3, "scheduleTimeoutSeconds": 90, "minResources": {"nvidia.com/gpu": "8"}},
+    }
+
+
+def test_build_pod_group_volcano_names_its_queue_and_priority():
+    job = make_job(scheduling={"gangScheduler": "Volcano", "priorityClassName": "high"})
+    spec, _ = job.parse()
+    assert build_pod_group(job, spec, attempt=0, backend=backend_for(GangScheduler.VOLCANO)) == {
+        "apiVersion": "scheduling.volcano.sh/v1beta1",
+        "kind": "PodGroup",
+        "metadata": {"name": "tiny-a0", "namespace": "team-a", "labels": ATTEMPT0, "ownerReferences": [OWNER]},
+        "spec": {"minMember": 3, "queue": "default", "minResources": {"nvidia.com/gpu": "8"}, "priorityClassName": "high"},
+    }
+
+
+def test_kueue_and_none_build_no_pod_group():
+    for scheduler in ("Kueue", "None"):
+        job = make_job(scheduling={"gangScheduler": scheduler, "queue": "q"})
+        spec, _ = job.parse()
+        assert build_pod_group(job, spec, attempt=0, backend=backend_for(GangScheduler(scheduler))) is None
+
+
+def test_gang_of_disaggregated_counts_rollout_pods():
+    job = make_job(placement="Disaggregated", rollout={"gpus": 4})
+    spec, _ = job.parse()
+    gang = gang_of(job, spec, 0)
+    assert (gang.name, gang.min_member, gang.gpus) == ("tiny-a0", 4, 12)
+
+
+def test_scheduler_name_can_be_overridden_per_backend():
+    backend = backend_for(GangScheduler.COSCHEDULING, {GangScheduler.COSCHEDULING: "gang-scheduler"})
+    assert backend.scheduler_name == "gang-scheduler"
+
+
+def test_rbac_objects_give_the_trainer_its_own_job_status_only():
+    job = make_job()
+    meta = {"name": "tiny-trainer", "namespace": "team-a", "labels": JOB_LABELS, "ownerReferences": [OWNER]}
+    assert build_service_account(job) == {
+        "apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta, "automountServiceAccountToken": True,
+    }
+    assert build_role(job) == {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": meta,
+        "rules": [
+            {"apiGroups": ["ppojob.io"], "resources": ["ppojobs"], "resourceNames": ["tiny"], "verbs": ["get"]},
+            {"apiGroups": ["ppojob.io"], "resources": ["ppojobs/status"], "resourceNames": ["tiny"],
+             "verbs": ["get", "patch"]},
+        ],
+    }
+    assert build_role_binding(job) == {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": meta,
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tiny-trainer"},
+        "subjects": [{"kind": "ServiceAccount", "name": "tiny-trainer", "namespace": "team-a"}],
+    }
+
+
+def test_build_kubeconfig_holds_only_the_token():
+    assert build_kubeconfig(server="https://127.0.0.1:6443", ca_data="Q0E=", token="t0k", namespace="team-a") == {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "ppojob", "cluster": {"server": "https://127.0.0.1:6443", "certificate-authority-data": "Q0E="}}],
+        "users": [{"name": "trainer", "user": {"token": "t0k"}}],
+        "contexts": [{"name": "trainer", "context": {"cluster": "ppojob", "user": "trainer", "namespace": "team-a"}}],
+        "current-context": "trainer",
+    }
+
+
+def test_build_submission_is_deterministic_per_attempt_and_resumes_after_the_first():
+    job = make_job()
+    first = build_submission(job, attempt=0, run_dir="/checkpoints", options=OPTIONS)
+    again = build_submission(job, attempt=0, run_dir="/checkpoints", options=OPTIONS)
+    second = build_submission(job, attempt=1, run_dir="/checkpoints", options=OPTIONS)
+    assert first == again
+    assert first["submission_id"] == "ppojob-1234-abcd-a0" and second["submission_id"] == "ppojob-1234-abcd-a1"
+    assert first["entrypoint"].endswith(
+        "exec ppo-train /tmp/ppojob-1234-abcd-a0.yaml --run-dir /checkpoints"
+    ) and second["entrypoint"].endswith("--resume")
+    encoded = first["entrypoint"].split()[1]
+    manifest = yaml.safe_load(base64.b64decode(encoded))
+    assert manifest["kind"] == "PPOJob" and manifest["spec"]["image"] == "ppojob/trainer:test"
+    assert first["runtime_env"] == {"env_vars": {"PPOJOB_ATTEMPT": "0"}}

@@ -1,0 +1,37 @@
+"""Events tell the story: one per phase change and per condition turning true; warm-up and checkpoints."""
+
+from __future__ import annotations
+
+from ppo_operator.events import Event, compute_events, compute_progress_events
+
+
+def test_phase_change_and_gang_scheduled_become_events_in_story_order():
+    old = {"phase": "Scheduling", "conditions": [{"type": "GangScheduled", "status": "False", "reason": "GangPending"}]}
+    new = {
+        "phase": "Initializing", "reason": "ClusterNotReady", "message": "waiting for RayCluster tiny-a0",
+        "conditions": [{"type": "GangScheduled", "status": "True", "reason": "GangScheduled", "message": "3 pods placed together (Coscheduling)"}],
+    }
+    assert compute_events(old, new) == [
+        Event("Normal", "GangScheduled", "3 pods placed together (Coscheduling)"),
+        Event("Normal", "ClusterNotReady", "Initializing: waiting for RayCluster tiny-a0"),
+    ]
+
+
+def test_failures_are_warnings():
+    (event,) = compute_events({"phase": "Training"}, {"phase": "Restarting", "reason": "PodLost", "message": "restart 1/3"})
+    assert event == Event("Warning", "PodLost", "Restarting: restart 1/3")
+
+
+def test_no_transition_no_event():
+    status = {"phase": "Training", "conditions": [{"type": "ClusterReady", "status": "True", "reason": "ClusterReady"}]}
+    assert compute_events(status, status) == []
+
+
+def test_progress_events_for_warmup_steps_and_checkpoints():
+    old = {"criticOnlyStepsDone": 1, "criticOnlySteps": 2}
+    new = {"criticOnlyStepsDone": 2, "criticOnlySteps": 2, "lastCheckpoint": {"step": 2, "path": "/c/2"}}
+    assert compute_progress_events(old, new) == [
+        Event("Normal", "CriticWarmupDone", "critic-only warm-up 2/2 done"),
+        Event("Normal", "CheckpointWritten", "checkpoint of step 2 at /c/2"),
+    ]
+    assert compute_progress_events(new, new) == []
