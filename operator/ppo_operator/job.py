@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from datetime import datetime, timezone
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from ppojob_api.spec import PPOJobSpec, SpecError, parse_spec
@@ -73,9 +73,9 @@ def parse_time(value: str | None) -> datetime | None:
     """RFC 3339 (as the API server writes it) -> aware datetime, or None."""
     if not value:
         return None
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    return datetime.fromisoformat(value)
 
 
 def format_time(value: datetime) -> str:
     """Aware datetime -> RFC 3339 in UTC, to the second (as Kubernetes' own timestamps)."""
-    return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

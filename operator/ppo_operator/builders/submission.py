@@ -13,7 +13,6 @@ import shlex
 from typing import Any
 
 import yaml
-
 from ppojob_api.vocabulary import API_VERSION, KIND
 
 from ppo_operator import names

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import copy
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-
 from ppo_operator.job import Job
 from ppo_operator.observed import ClusterRecord, PodGroupRecord, PodRecord
 
-NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 
 BASE_SPEC: dict[str, Any] = {
     "image": "ppojob/trainer:test",
@@ -66,8 +65,8 @@ def pods(attempt: int, count: int, *, placed: bool = True, scheduled_at: datetim
     return tuple(
         PodRecord(
             name=f"tiny-a{attempt}-{role}-{i}", attempt=attempt, role=role, phase=phase if placed else "Pending",
-            node=f"kwok-gpu-{i}" if placed else None, created=created or datetime(2026, 1, 1, 11, 0, tzinfo=timezone.utc),
-            scheduled_at=(scheduled_at or datetime(2026, 1, 1, 11, 1, tzinfo=timezone.utc)) if placed else None,
+            node=f"kwok-gpu-{i}" if placed else None, created=created or datetime(2026, 1, 1, 11, 0, tzinfo=UTC),
+            scheduled_at=(scheduled_at or datetime(2026, 1, 1, 11, 1, tzinfo=UTC)) if placed else None,
             unschedulable="" if placed else unschedulable, deleting=False,
         )
         for i, role in enumerate(roles)

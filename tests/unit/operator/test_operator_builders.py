@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 
 import yaml
-
+from operator_factory import make_job
 from ppo_operator.builders.common import BuildOptions, gang_of
 from ppo_operator.builders.pod_group import build_pod_group
 from ppo_operator.builders.raycluster import build_raycluster
@@ -13,8 +13,6 @@ from ppo_operator.builders.rbac import build_kubeconfig, build_role, build_role_
 from ppo_operator.builders.submission import build_submission
 from ppo_operator.gang import backend_for
 from ppojob_api.vocabulary import GangScheduler
-
-from operator_factory import make_job
 
 OWNER = {
     "apiVersion": "ppojob.io/v1alpha1", "kind": "PPOJob", "name": "tiny", "uid": "1234-abcd",
@@ -94,14 +92,14 @@ def test_build_raycluster_disaggregated_volcano_with_volume_secret_and_placement
     spec, problem = job.parse()
     assert problem is None
     got = build_raycluster(job, spec, attempt=3, backend=backend_for(GangScheduler.VOLCANO), options=OPTIONS)
-    pod_kwargs = dict(
-        gang_labels={}, annotations={"scheduling.k8s.io/group-name": "tiny-a3"}, scheduler="volcano", attempt="3",
-        extra_spec={"priorityClassName": "high", "nodeSelector": {"pool": "h200"},
+    pod_kwargs = {
+        "gang_labels": {}, "annotations": {"scheduling.k8s.io/group-name": "tiny-a3"}, "scheduler": "volcano", "attempt": "3",
+        "extra_spec": {"priorityClassName": "high", "nodeSelector": {"pool": "h200"},
                     "tolerations": [{"key": "gpu", "operator": "Exists"}]},
-        volumes=[{"name": "checkpoints", "persistentVolumeClaim": {"claimName": "ckpt"}}],
-        mounts=[{"name": "checkpoints", "mountPath": "/ckpt"}],
-        env_from=[{"secretRef": {"name": "hf-token"}}],
-    )
+        "volumes": [{"name": "checkpoints", "persistentVolumeClaim": {"claimName": "ckpt"}}],
+        "mounts": [{"name": "checkpoints", "mountPath": "/ckpt"}],
+        "env_from": [{"secretRef": {"name": "hf-token"}}],
+    }
     assert got == {
         "apiVersion": "ray.io/v1",
         "kind": "RayCluster",

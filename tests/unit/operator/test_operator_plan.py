@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from operator_factory import NOW, cluster, make_ppojob, pod_group
 from ppo_operator.builders.common import BuildOptions
 from ppo_operator.decisions import Policy
+from ppo_operator.gang import pod_group_resources
 from ppo_operator.job import Job, format_time
 from ppo_operator.observed import Observed
-from ppo_operator.plan import Deletion, RAYCLUSTERS, next_wakeup, plan_actions
-from ppo_operator.gang import pod_group_resources
-
-from operator_factory import NOW, cluster, make_ppojob, pod_group
+from ppo_operator.plan import RAYCLUSTERS, Deletion, next_wakeup, plan_actions
 
 POLICY, OPTIONS = Policy(), BuildOptions()
 

@@ -5,13 +5,11 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-
+from operator_factory import NOW, cluster, make_job, make_ppojob, pod_group, pods
 from ppo_operator.decisions import Policy
 from ppo_operator.job import Job, format_time
 from ppo_operator.observed import Observed, PodRecord, TrainerRecord, TrainerState
 from ppo_operator.status import compute_status, operator_status, status_changed, status_patch
-
-from operator_factory import NOW, cluster, make_job, make_ppojob, pod_group, pods
 
 RUNNING = TrainerRecord(TrainerState.RUNNING, "local:4242", "")
 
