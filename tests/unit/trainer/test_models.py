@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ppojob_api.spec import ModelSpec
 from ppo_trainer.models import (
     ByteTokenizer,
     HFTokenizer,
@@ -13,9 +12,10 @@ from ppo_trainer.models import (
     build_value_model,
     load_tokenizer,
     resolve_model_dir,
+    smollm,
     tiny_config,
 )
-from ppo_trainer.models import smollm
+from ppojob_api.spec import ModelSpec
 
 TINY = ModelSpec(path="builtin:tiny")
 
@@ -181,4 +181,3 @@ def test_smollm2_converts_and_answers_a_chat_prompt():
     out = engine.generate([prompt], SamplingParams(max_new_tokens=10, temperature=0.0))
     reply = tok.decode(out.response_tokens[0][out.response_mask[0].bool()].tolist())
     assert "Paris" in reply, reply
-

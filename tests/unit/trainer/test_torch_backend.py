@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ppojob_api.spec import ModelSpec
 from ppo_trainer.algorithms import masked_mean
 from ppo_trainer.backends.torch_backend import TorchBackend
 from ppo_trainer.rollout.base import Generation
 from ppo_trainer.rollout.layout import build_rollout_batch
+from ppojob_api.spec import ModelSpec
 
 TINY = ModelSpec(path="builtin:tiny")
 PAD = 258
 
 
 def make_backend(role: str = "actor", *, seed: int = 0, device: str = "cpu", **overrides) -> TorchBackend:
-    kwargs = dict(
-        model_spec=TINY, role=role, learning_rate=1e-2, max_grad_norm=1.0, device=device, seed=seed
-    )
+    kwargs = {"model_spec": TINY, "role": role, "learning_rate": 1e-2, "max_grad_norm": 1.0}
+    kwargs |= {"device": device, "seed": seed}
     return TorchBackend(**{**kwargs, **overrides})
 
 
@@ -206,8 +205,8 @@ def assert_same_state(a: dict, b: dict) -> None:
         assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
     elif isinstance(a, dict):
         assert a.keys() == b.keys()
-        for key in a:
-            assert_same_state(a[key], b[key])
+        for key, value in a.items():
+            assert_same_state(value, b[key])
     elif isinstance(a, list):
         assert len(a) == len(b)
         for x, y in zip(a, b, strict=True):
