@@ -30,9 +30,19 @@ class Policy:
     """A running trainer that has not reported for this long is lost (and the job restarts)."""
     scheduler_names: Mapping[GangScheduler, str] = dataclasses.field(default_factory=dict)
     """schedulerName per gang scheduler, where the cluster's differs from the backend's default."""
+    enabled: frozenset[GangScheduler] = frozenset(GangScheduler)
+    """The gang schedulers this cluster runs; a job asking for another is an invalid spec."""
 
     def backend(self, spec: PPOJobSpec) -> GangBackend:
         return backend_for(spec.scheduling.gang_scheduler, self.scheduler_names)
+
+    def check(self, spec: PPOJobSpec) -> str | None:
+        """What this operator's cluster cannot run, naming the field."""
+        scheduler = spec.scheduling.gang_scheduler
+        if scheduler not in self.enabled:
+            offered = ", ".join(sorted(s.value for s in self.enabled))
+            return f"spec.scheduling.gangScheduler: {scheduler.value} is not available on this cluster; use one of {offered}"
+        return self.backend(spec).check(spec)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -94,7 +94,7 @@ def compute_status(job: Job, observed: Observed, now: datetime, *, policy: Polic
         return draft.status
     spec, problem = job.parse()
     if spec is not None:
-        problem = policy.backend(spec).check(spec) or observed.reference_problem
+        problem = policy.check(spec) or observed.reference_problem
     if spec is None or problem:
         draft.condition(ConditionType.VALID, False, Reason.INVALID_SPEC, problem or "")
         return draft.finish(Phase.FAILED, Reason.INVALID_SPEC, problem or "")

@@ -32,9 +32,12 @@ def trainer_manifest(job: Job) -> dict[str, Any]:
     }
 
 
-def trainer_args(*, config: str, run_dir: str, resume: bool, options: BuildOptions) -> list[str]:
-    """`ppo-train CONFIG --run-dir DIR [--resume]`: an attempt after the first resumes from its checkpoint."""
-    return [*options.trainer_command, config, "--run-dir", run_dir, *(["--resume"] if resume else [])]
+def trainer_args(
+    *, config: str, run_dir: str, resume: bool, options: BuildOptions, address: str | None = None
+) -> list[str]:
+    """`ppo-train CONFIG [--address A] --run-dir DIR [--resume]`: later attempts resume from the checkpoint."""
+    joined = ["--address", address] if address else []
+    return [*options.trainer_command, config, *joined, "--run-dir", run_dir, *(["--resume"] if resume else [])]
 
 
 def dashboard_url(job: Job, attempt: int) -> str:
@@ -45,7 +48,7 @@ def dashboard_url(job: Job, attempt: int) -> str:
 def build_submission(job: Job, *, attempt: int, run_dir: str, options: BuildOptions) -> dict[str, Any]:
     config = f"/tmp/ppojob-{job.uid}-a{attempt}.yaml"
     encoded = base64.b64encode(yaml.safe_dump(trainer_manifest(job), sort_keys=True).encode()).decode()
-    args = trainer_args(config=config, run_dir=run_dir, resume=attempt > 0, options=options)
+    args = trainer_args(config=config, run_dir=run_dir, resume=attempt > 0, options=options, address="auto")
     entrypoint = f"echo {encoded} | base64 -d > {config} && exec {shlex.join(args)}"
     return {
         "submission_id": names.submission_id(job.uid, attempt),

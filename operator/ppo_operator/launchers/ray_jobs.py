@@ -1,0 +1,64 @@
+"""Real clusters: the trainer is a Ray job submitted to the head's dashboard (job-submission API).
+
+The submission id is fixed by (job uid, attempt), so a resubmission after an operator restart is
+refused by Ray instead of starting a second trainer; the job lives in the Ray cluster, so it
+survives the operator. Its state (PENDING/RUNNING/SUCCEEDED/FAILED/STOPPED) is read from
+`GET /api/jobs/<id>`: a driver that died is a failure here, not "Running". Depends on aiohttp.
+"""
+
+from __future__ import annotations
+
+import aiohttp
+
+from ppo_operator import names
+from ppo_operator.builders.common import BuildOptions
+from ppo_operator.builders.submission import build_submission, dashboard_url
+from ppo_operator.job import Job
+from ppo_operator.observed import TrainerRecord, TrainerState
+
+STATES = {
+    "PENDING": TrainerState.RUNNING,
+    "RUNNING": TrainerState.RUNNING,
+    "SUCCEEDED": TrainerState.SUCCEEDED,
+    "FAILED": TrainerState.FAILED,
+    "STOPPED": TrainerState.FAILED,
+}
+
+
+class RayJobsLauncher:
+    poll_seconds = 15.0
+
+    def __init__(self, *, options: BuildOptions, run_dir: str | None = None, url_of=dashboard_url, timeout_s: float = 10):
+        self.options, self.run_dir, self.url_of = options, run_dir, url_of
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+
+    async def observe(self, job: Job, attempt: int) -> TrainerRecord:
+        submission = names.submission_id(job.uid, attempt)
+        try:
+            async with aiohttp.ClientSession(timeout=self.timeout) as session:
+                async with session.get(f"{self.url_of(job, attempt)}/api/jobs/{submission}") as response:
+                    if response.status == 404:
+                        return TrainerRecord(TrainerState.NOT_STARTED, "", "not submitted")
+                    response.raise_for_status()
+                    info = await response.json()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return TrainerRecord(TrainerState.UNKNOWN, submission, f"dashboard unreachable: {exc}")
+        state = STATES.get(info.get("status", ""), TrainerState.UNKNOWN)
+        return TrainerRecord(state, submission, f"Ray job {info.get('status')}: {info.get('message') or ''}".strip())
+
+    async def launch(self, job: Job, attempt: int) -> TrainerRecord:
+        spec, _ = job.parse()
+        run_dir = self.run_dir or (spec.checkpoint.path if spec else "/checkpoints")
+        payload = build_submission(job, attempt=attempt, run_dir=run_dir, options=self.options)
+        async with aiohttp.ClientSession(timeout=self.timeout) as session:
+            async with session.post(f"{self.url_of(job, attempt)}/api/jobs/", json=payload) as response:
+                text = await response.text()
+                if response.status >= 400 and "already exists" not in text:
+                    raise RuntimeError(f"Ray job submission refused ({response.status}): {text[:300]}")
+        return TrainerRecord(TrainerState.RUNNING, payload["submission_id"], "submitted")
+
+    async def stop_others(self, job: Job, keep_attempt: int | None) -> list[int]:
+        return []  # an older attempt's Ray job dies with its RayCluster, which the operator deletes
+
+    async def forget(self, job: Job) -> None:
+        return None

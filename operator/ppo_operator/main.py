@@ -1,0 +1,113 @@
+"""`ppo-operator`: the command line that wires the pieces together and runs kopf.
+
+    ppo-operator [--namespace NS ...] [--launcher ray-jobs|local] [--state-dir DIR] ...
+
+`--launcher local` is the development mode (the trainer as a local process, for the local
+cluster); the default starts trainers through Ray's job-submission API on each job's head.
+Depends on kopf and every other module of the package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import shlex
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import kopf
+from ppojob_api.vocabulary import GangScheduler
+
+from ppo_operator import handlers
+from ppo_operator.builders.common import BuildOptions
+from ppo_operator.decisions import Policy
+from ppo_operator.gang import backend_for
+from ppo_operator.kube import Kube
+from ppo_operator.launchers.local import LocalLauncher
+from ppo_operator.launchers.ray_jobs import RayJobsLauncher
+from ppo_operator.reconcile import Reconciler
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="ppo-operator", description="Reconciles PPOJobs into gang-scheduled KubeRay clusters.")
+    p.add_argument("--namespace", "-n", action="append", default=[], help="watch this namespace (repeatable; default: all)")
+    p.add_argument("--launcher", choices=["ray-jobs", "local"], default="ray-jobs",
+                   help="how trainers start: Ray job submission on the head (default), or local processes (development)")
+    p.add_argument("--state-dir", type=Path, default=Path(os.environ.get("PPO_OPERATOR_STATE", "~/.cache/ppojob/operator")),
+                   help="local launcher: where trainer processes keep pid files, logs and checkpoints")
+    p.add_argument("--trainer-command", default="ppo-train", help="the trainer's command before CONFIG (shell words)")
+    p.add_argument("--heartbeat-timeout", type=float, default=180.0, help="seconds without a trainer report before it is lost")
+    p.add_argument("--gang-schedulers", default="Coscheduling,Kueue,Volcano,None",
+                   help="gang schedulers this cluster has (comma-separated); jobs asking for another fail InvalidSpec")
+    p.add_argument("--scheduler-name", action="append", default=[], metavar="SCHEDULER=NAME",
+                   help="schedulerName pods of a gang scheduler ask for, e.g. Coscheduling=scheduler-plugins-scheduler")
+    p.add_argument("--ray-version", default=BuildOptions.ray_version)
+    p.add_argument("--head-cpu", default=BuildOptions.head_cpu)
+    p.add_argument("--head-memory", default=BuildOptions.head_memory)
+    p.add_argument("--liveness", metavar="URL", help="kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
+    p.add_argument("--peering", metavar="NAME", help="kopf peering name (several replicas, one active); default standalone")
+    p.add_argument("--priority", type=int, default=0, help="kopf peering priority of this replica")
+    p.add_argument("--api-workers", type=int, default=16, help="threads for API writes")
+    p.add_argument("--stats-file", type=Path, help="write the operator's API request counts (JSON) here on exit and on SIGUSR1")
+    p.add_argument("--debug-pause-after-pod-group", type=float, default=0.0, help=argparse.SUPPRESS)
+    p.add_argument("--verbose", "-v", action="store_true")
+    return p.parse_args(argv)
+
+
+def build_policy(args: argparse.Namespace) -> tuple[Policy, list[GangScheduler]]:
+    enabled = [GangScheduler(s.strip()) for s in args.gang_schedulers.split(",") if s.strip()]
+    names = {}
+    for item in args.scheduler_name:
+        scheduler, _, name = item.partition("=")
+        names[GangScheduler(scheduler)] = name
+    return Policy(heartbeat_timeout_s=args.heartbeat_timeout, scheduler_names=names, enabled=frozenset(enabled)), enabled
+
+
+def write_stats(path: Path | None, kube: Kube) -> None:
+    if path is not None:
+        path.write_text(json.dumps(dict(sorted(kube.counts.items())), indent=1))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.verbose:
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    policy, enabled = build_policy(args)
+    options = BuildOptions(ray_version=args.ray_version, head_cpu=args.head_cpu, head_memory=args.head_memory,
+                           trainer_command=tuple(shlex.split(args.trainer_command)))
+    kube = Kube.from_environment(workers=args.api_workers)
+    if args.launcher == "local":
+        launcher = LocalLauncher(kube, state_dir=args.state_dir.expanduser().resolve(), options=options)
+    else:
+        launcher = RayJobsLauncher(options=options)
+    reconciler = Reconciler(kube=kube, launcher=launcher, policy=policy, options=options,
+                            post_event=handlers.post_event, pause_after_pod_group_s=args.debug_pause_after_pod_group)
+    resources = tuple(r for s in enabled if (r := backend_for(s).pod_group_resource) is not None)
+    registry = kopf.OperatorRegistry()
+    handlers.register(registry, pod_group_resources=resources)
+    runtime = handlers.Runtime(reconciler=reconciler, launcher=launcher, pod_group_resources=resources)
+    if args.stats_file and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGUSR1, lambda *_: write_stats(args.stats_file, kube))
+    try:
+        kopf.run(
+            registry=registry, memo=kopf.Memo(runtime=runtime), standalone=args.peering is None,
+            peering_name=args.peering, priority=args.priority, liveness_endpoint=args.liveness,
+            namespaces=args.namespace, clusterwide=not args.namespace,
+        )
+    except asyncio.CancelledError:
+        pass
+    finally:
+        write_stats(args.stats_file, kube)
+        kube.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""The reconcile path of one PPOJob, on one screen: observe, compute the status, write it if it
+changed, tell the story in Events, then act on the plan.
+
+The status is written before acting, so the decision (a new attempt, Failed, Suspended) is durable
+before any child is deleted or created; a crash between the two is repaired by the next reconcile,
+which derives the same plan from the stored status. Children are read from kopf's watch-fed indices
+(passed in as `Children`), never polled. Depends on everything pure, `kube` and a launcher.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from ppojob_api.spec import PPOJobSpec
+from ppojob_api.vocabulary import GROUP, KIND, PLURAL, VERSION, Reason
+
+from ppo_operator import names
+from ppo_operator.builders.common import BuildOptions
+from ppo_operator.builders.rbac import build_role, build_role_binding, build_service_account
+from ppo_operator.decisions import Policy
+from ppo_operator.events import Event, compute_events, compute_progress_events
+from ppo_operator.gang import GroupResource
+from ppo_operator.job import Job
+from ppo_operator.kube import Kube, KubeError
+from ppo_operator.launchers import Launcher
+from ppo_operator.observed import ClusterRecord, Observed, PodGroupRecord, PodRecord, TrainerRecord
+from ppo_operator.plan import RAYCLUSTERS, Plan, next_wakeup, plan_actions
+from ppo_operator.status import compute_status, operator_status, status_changed, status_patch
+
+log = logging.getLogger(__name__)
+
+PPOJOBS = GroupResource(GROUP, VERSION, PLURAL, KIND)
+PVCS = GroupResource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim")
+SECRETS = GroupResource("", "v1", "secrets", "Secret")
+
+
+@dataclasses.dataclass(frozen=True)
+class Children:
+    """A job's children as the watches last saw them (all attempts)."""
+
+    pods: tuple[PodRecord, ...] = ()
+    clusters: tuple[ClusterRecord, ...] = ()
+    pod_groups: tuple[PodGroupRecord, ...] = ()
+
+
+@dataclasses.dataclass
+class JobMemory:
+    """What one job's daemon keeps between reconciles; all of it can be re-derived after a restart."""
+
+    last_written: Mapping[str, Any] | None = None
+    """The object as our last status patch returned it (newer than the watch until it catches up)."""
+    identity_ready: bool = False
+    references_checked: int | None = None
+    reference_problem: str | None = None
+    progress_seen: Mapping[str, Any] | None = None
+
+
+def freshest(body: Mapping[str, Any], written: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """The watched body, or our own last write when the watch has not delivered it yet."""
+    if written is None:
+        return body
+    try:
+        newer = int(written["metadata"]["resourceVersion"]) > int(body["metadata"]["resourceVersion"])
+    except (KeyError, TypeError, ValueError):
+        newer = False
+    return written if newer else body
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Reconciler:
+    def __init__(
+        self, *, kube: Kube, launcher: Launcher, policy: Policy, options: BuildOptions,
+        post_event: Callable[[Job, Event], None], pause_after_pod_group_s: float = 0.0,
+        clock: Callable[[], datetime] = utcnow,
+    ):
+        self.kube, self.launcher, self.policy, self.options = kube, launcher, policy, options
+        self.post_event, self.pause_after_pod_group_s, self.clock = post_event, pause_after_pod_group_s, clock
+
+    async def reconcile(self, body: Mapping[str, Any], children: Children, memory: JobMemory) -> float | None:
+        """One pass; returns the seconds until a deadline needs another pass (None: only on events)."""
+        job = Job.from_body(freshest(body, memory.last_written))
+        if job.deleting:
+            return None
+        spec, _ = job.parse()
+        observed = await self.observe(job, spec, children, memory)
+        now = self.clock()
+        status = compute_status(job, observed, now, policy=self.policy)
+        if status_changed(job, status):
+            memory.last_written = await self.kube.patch_status(PPOJOBS, job.namespace, job.name, status_patch(job, status))
+        self.tell(job, status, memory)
+        plan = plan_actions(job, status, observed, now, policy=self.policy, options=self.options)
+        launched = await self.apply(job, plan, memory)
+        if launched:
+            return 0.0
+        wakeup = next_wakeup(spec, status, job.progress, now, policy=self.policy)
+        if observed.trainer.handle and status.get("phase") not in ("Succeeded", "Failed", "Suspended"):
+            wakeup = min(wakeup if wakeup is not None else self.launcher.poll_seconds, self.launcher.poll_seconds)
+        return wakeup
+
+    async def observe(self, job: Job, spec: PPOJobSpec | None, children: Children, memory: JobMemory) -> Observed:
+        attempt = job.attempt
+        if spec is not None and memory.references_checked != attempt:
+            if not any(c.attempt == attempt for c in children.clusters):
+                memory.reference_problem = await self.check_references(job, spec)
+                memory.references_checked = attempt
+        trainer = await self.launcher.observe(job, attempt) if spec is not None else TrainerRecord()
+        identity = memory.identity_ready or "serviceAccount" in (job.status.get("children") or {})
+        return Observed(
+            pods=children.pods, clusters=children.clusters, pod_groups=children.pod_groups, trainer=trainer,
+            reference_problem=memory.reference_problem, identity_ready=identity,
+        )
+
+    async def check_references(self, job: Job, spec: PPOJobSpec) -> str | None:
+        """The objects the spec names and the schema cannot check: they must exist before the pods do."""
+        wanted = [
+            (spec.checkpoint.volume_claim, PVCS, "spec.checkpoint.volumeClaim"),
+            (spec.env_from_secret, SECRETS, "spec.envFromSecret"),
+        ]
+        for name, resource, field in wanted:
+            if name and not await self.kube.exists(resource, job.namespace, name):
+                return f"{field}: {resource.kind} {name!r} not found in namespace {job.namespace}; create it or fix the name"
+        return None
+
+    def tell(self, job: Job, status: Mapping[str, Any], memory: JobMemory) -> None:
+        events = compute_events(operator_status(job.status), status)
+        if memory.progress_seen is not None:
+            events += compute_progress_events(memory.progress_seen, job.progress)
+        memory.progress_seen = dict(job.progress)
+        for event in events:
+            self.post_event(job, event)
+
+    async def apply(self, job: Job, plan: Plan, memory: JobMemory) -> bool:
+        """Carry out the plan, each step idempotent; True when a trainer was launched."""
+        for deletion in plan.deletions:
+            if await self.kube.ensure_deleted(deletion.resource, job.namespace, deletion.name) and deletion.resource == RAYCLUSTERS:
+                self.post_event(job, Event("Normal", Reason.CLUSTER_DELETED.value, f"RayCluster {deletion.name} deleted: {deletion.why}"))
+        await self.launcher.stop_others(job, plan.keep_trainer)
+        if plan.ensure_identity:
+            for manifest in (build_service_account(job), build_role(job), build_role_binding(job)):
+                await self.kube.ensure_created(manifest)
+            memory.identity_ready = True
+        created = []
+        if plan.pod_group is not None:
+            if await self.kube.ensure_created(plan.pod_group):
+                created.append(f"{plan.pod_group['kind']} {plan.pod_group['metadata']['name']} (minMember {plan.pod_group['spec']['minMember']})")
+            if self.pause_after_pod_group_s:  # fault injection for the crash-between-creations test
+                log.warning("pausing %.0fs after the pod group (--debug-pause-after-pod-group)", self.pause_after_pod_group_s)
+                await asyncio.sleep(self.pause_after_pod_group_s)
+        if plan.raycluster is not None and await self.kube.ensure_created(plan.raycluster):
+            created.append(f"RayCluster {plan.raycluster['metadata']['name']}")
+        if created:
+            self.post_event(job, Event("Normal", Reason.CREATED.value, "created " + " and ".join(created)))
+        launched = False
+        if plan.launch_attempt is not None:
+            record = await self.launcher.launch(job, plan.launch_attempt)
+            launched = True
+            log.info("trainer of %s/%s attempt %d: %s", job.namespace, job.name, plan.launch_attempt, record.handle)
+        if plan.delete_job:
+            self.post_event(job, Event("Normal", Reason.TTL_EXPIRED.value, "runPolicy.ttlSecondsAfterFinished passed: deleting the job"))
+            await self.kube.ensure_deleted(PPOJOBS, job.namespace, job.name)
+        return launched
+
+
+def job_key(namespace: str, job_name: str) -> tuple[str, str]:
+    """The key of a job's children in the indices: (namespace, value of ppojob.io/job-name)."""
+    return namespace, names.job_label_value(job_name)
+
+
+__all__ = ["Children", "JobMemory", "KubeError", "Reconciler", "freshest", "job_key"]
