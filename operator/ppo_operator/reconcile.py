@@ -107,10 +107,10 @@ class Reconciler:
 
     async def observe(self, job: Job, spec: PPOJobSpec | None, children: Children, memory: JobMemory) -> Observed:
         attempt = job.attempt
-        if spec is not None and memory.references_checked != attempt:
-            if not any(c.attempt == attempt for c in children.clusters):
-                memory.reference_problem = await self.check_references(job, spec)
-                memory.references_checked = attempt
+        unchecked = spec is not None and memory.references_checked != attempt
+        if unchecked and not any(c.attempt == attempt for c in children.clusters):
+            memory.reference_problem = await self.check_references(job, spec)
+            memory.references_checked = attempt
         trainer = await self.launcher.observe(job, attempt) if spec is not None else TrainerRecord()
         identity = memory.identity_ready or "serviceAccount" in (job.status.get("children") or {})
         return Observed(

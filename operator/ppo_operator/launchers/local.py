@@ -47,6 +47,17 @@ def _process_start(pid: int) -> str | None:
     return None if fields[0] in ("Z", "X") else fields[19]
 
 
+def _spawn(args: list[str], folder: Path, env: dict[str, str]) -> subprocess.Popen:
+    """Start the wrapped trainer in a session of its own, its output appended to trainer.log."""
+    with open(folder / "trainer.log", "ab") as log:
+        log.write(f"$ {shlex.join(args)}\n".encode())
+        log.flush()
+        return subprocess.Popen(
+            ["sh", "-c", WRAPPER, "sh", *args], cwd=folder, env=env, stdin=subprocess.DEVNULL,
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+
+
 class LocalLauncher:
     poll_seconds = 2.0
 
@@ -125,13 +136,7 @@ class LocalLauncher:
             "KUBECONFIG": str(folder / "kubeconfig"),
             "PPOJOB_NAME": job.name, "PPOJOB_NAMESPACE": job.namespace, "PPOJOB_ATTEMPT": str(attempt),
         }
-        with open(folder / "trainer.log", "ab") as log:
-            log.write(f"$ {shlex.join(args)}\n".encode())
-            log.flush()
-            child = subprocess.Popen(
-                ["sh", "-c", WRAPPER, "sh", *args], cwd=folder, env=env, stdin=subprocess.DEVNULL,
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            )
+        child = await asyncio.to_thread(_spawn, args, folder, env)
         self._children[child.pid] = child
         start = None
         for _ in range(50):  # /proc appears at once; be patient on a loaded machine

@@ -35,12 +35,14 @@ class RayJobsLauncher:
     async def observe(self, job: Job, attempt: int) -> TrainerRecord:
         submission = names.submission_id(job.uid, attempt)
         try:
-            async with aiohttp.ClientSession(timeout=self.timeout) as session:
-                async with session.get(f"{self.url_of(job, attempt)}/api/jobs/{submission}") as response:
-                    if response.status == 404:
-                        return TrainerRecord(TrainerState.NOT_STARTED, "", "not submitted")
-                    response.raise_for_status()
-                    info = await response.json()
+            async with (
+                aiohttp.ClientSession(timeout=self.timeout) as session,
+                session.get(f"{self.url_of(job, attempt)}/api/jobs/{submission}") as response,
+            ):
+                if response.status == 404:
+                    return TrainerRecord(TrainerState.NOT_STARTED, "", "not submitted")
+                response.raise_for_status()
+                info = await response.json()
         except (aiohttp.ClientError, TimeoutError) as exc:
             return TrainerRecord(TrainerState.UNKNOWN, submission, f"dashboard unreachable: {exc}")
         state = STATES.get(info.get("status", ""), TrainerState.UNKNOWN)
@@ -50,11 +52,13 @@ class RayJobsLauncher:
         spec, _ = job.parse()
         run_dir = self.run_dir or (spec.checkpoint.path if spec else "/checkpoints")
         payload = build_submission(job, attempt=attempt, run_dir=run_dir, options=self.options)
-        async with aiohttp.ClientSession(timeout=self.timeout) as session:
-            async with session.post(f"{self.url_of(job, attempt)}/api/jobs/", json=payload) as response:
-                text = await response.text()
-                if response.status >= 400 and "already exists" not in text:
-                    raise RuntimeError(f"Ray job submission refused ({response.status}): {text[:300]}")
+        async with (
+            aiohttp.ClientSession(timeout=self.timeout) as session,
+            session.post(f"{self.url_of(job, attempt)}/api/jobs/", json=payload) as response,
+        ):
+            text = await response.text()
+            if response.status >= 400 and "already exists" not in text:
+                raise RuntimeError(f"Ray job submission refused ({response.status}): {text[:300]}")
         return TrainerRecord(TrainerState.RUNNING, payload["submission_id"], "submitted")
 
     async def stop_others(self, job: Job, keep_attempt: int | None) -> list[int]:

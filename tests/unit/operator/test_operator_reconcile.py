@@ -1,0 +1,123 @@
+"""The reconcile path with recording fakes of the API and the launcher: what it writes, and when not."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+
+from operator_factory import NOW, cluster, make_ppojob, pod_group, pods
+from ppo_operator.builders.common import BuildOptions
+from ppo_operator.decisions import Policy
+from ppo_operator.observed import TrainerRecord, TrainerState
+from ppo_operator.reconcile import Children, JobMemory, Reconciler, freshest
+
+
+class FakeKube:
+    def __init__(self):
+        self.calls: list[tuple] = []
+        self.rv = 100
+
+    async def ensure_created(self, manifest):
+        self.calls.append(("create", manifest["kind"], manifest["metadata"]["name"]))
+        return True
+
+    async def ensure_deleted(self, resource, namespace, name):
+        self.calls.append(("delete", resource.kind, name))
+        return True
+
+    async def exists(self, resource, namespace, name):
+        self.calls.append(("get", resource.kind, name))
+        return name != "missing"
+
+    async def patch_status(self, resource, namespace, name, patch):
+        self.calls.append(("patch", "status", name))
+        self.rv += 1
+        stored = copy.deepcopy(self.body)
+        stored["status"] = {k: v for k, v in {**stored.get("status", {}), **patch["status"]}.items() if v is not None}
+        stored["metadata"]["resourceVersion"] = str(self.rv)
+        self.body = stored
+        return stored
+
+
+class FakeLauncher:
+    poll_seconds = 2.0
+
+    def __init__(self, state=TrainerState.NOT_STARTED):
+        self.record = TrainerRecord(state, "local:1" if state != TrainerState.NOT_STARTED else "")
+        self.launched: list[int] = []
+        self.stopped: list = []
+
+    async def observe(self, job, attempt):
+        return self.record
+
+    async def launch(self, job, attempt):
+        self.launched.append(attempt)
+        self.record = TrainerRecord(TrainerState.RUNNING, "local:1")
+        return self.record
+
+    async def stop_others(self, job, keep_attempt):
+        self.stopped.append(keep_attempt)
+        return []
+
+
+def make(body, launcher=None):
+    kube, launcher = FakeKube(), launcher or FakeLauncher()
+    kube.body = body
+    events = []
+    reconciler = Reconciler(kube=kube, launcher=launcher, policy=Policy(), options=BuildOptions(),
+                            post_event=lambda job, event: events.append(event), clock=lambda: NOW)
+    return reconciler, kube, launcher, events
+
+
+def test_first_reconcile_writes_status_then_creates_identity_pod_group_and_cluster_in_order():
+    reconciler, kube, _, events = make(make_ppojob())
+    memory = JobMemory(progress_seen={})
+    asyncio.run(reconciler.reconcile(kube.body, Children(), memory))
+    assert kube.calls == [
+        ("patch", "status", "tiny"),
+        ("create", "ServiceAccount", "tiny-trainer"), ("create", "Role", "tiny-trainer"),
+        ("create", "RoleBinding", "tiny-trainer"),
+        ("create", "PodGroup", "tiny-a0"), ("create", "RayCluster", "tiny-a0"),
+    ]
+    assert [e.reason for e in events] == ["Created", "Created"]
+    assert events[1].message == "created PodGroup tiny-a0 (minMember 3) and RayCluster tiny-a0"
+
+
+def test_nothing_is_patched_or_created_when_nothing_changed():
+    reconciler, kube, _, _ = make(make_ppojob())
+    memory = JobMemory(progress_seen={})
+    children = Children(pods=pods(0, 3, placed=False, unschedulable="Unschedulable: waiting"),
+                        clusters=(cluster(0, ready=False),), pod_groups=(pod_group(0),))
+    for _ in range(2):  # the first writes Scheduling, the second records the ServiceAccount it ensured
+        asyncio.run(reconciler.reconcile(kube.body, children, memory))
+    kube.calls.clear()
+    asyncio.run(reconciler.reconcile(kube.body, children, memory))
+    assert kube.calls == []
+
+
+def test_the_trainer_is_launched_once_and_the_status_follows():
+    body = make_ppojob()
+    reconciler, kube, launcher, _ = make(body)
+    memory = JobMemory(progress_seen={}, identity_ready=True)
+    children = Children(pods=pods(0, 3), clusters=(cluster(0),), pod_groups=(pod_group(0),))
+    delay = asyncio.run(reconciler.reconcile(kube.body, children, memory))
+    assert launcher.launched == [0] and delay == 0.0
+    asyncio.run(reconciler.reconcile(kube.body, children, memory))
+    assert launcher.launched == [0] and kube.body["status"]["phase"] == "CriticWarmup"
+
+
+def test_a_missing_volume_claim_fails_the_job_naming_the_field_and_creates_nothing():
+    reconciler, kube, _, events = make(make_ppojob(checkpoint={"volumeClaim": "missing"}))
+    asyncio.run(reconciler.reconcile(kube.body, Children(), JobMemory(progress_seen={})))
+    assert [c[0] for c in kube.calls] == ["get", "patch"]
+    assert kube.body["status"]["phase"] == "Failed"
+    assert kube.body["status"]["message"].startswith("spec.checkpoint.volumeClaim: PersistentVolumeClaim 'missing' not found")
+    assert events[0].type == "Warning" and events[0].reason == "InvalidSpec"
+
+
+def test_our_own_write_wins_until_the_watch_catches_up():
+    stale = make_ppojob()
+    written = {**stale, "metadata": {**stale["metadata"], "resourceVersion": "101"}}
+    assert freshest(stale, written) is written
+    newer = {**stale, "metadata": {**stale["metadata"], "resourceVersion": "102"}}
+    assert freshest(newer, written) is newer and freshest(stale, None) is stale
