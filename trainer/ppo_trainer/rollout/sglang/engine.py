@@ -19,10 +19,11 @@ import base64
 import io
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import torch
-from torch.multiprocessing.reductions import ForkingPickler
+import torch.multiprocessing
 
 from ppo_trainer.offload import Residency, Transition
 from ppo_trainer.rollout.base import Generation, SamplingParams
