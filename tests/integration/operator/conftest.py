@@ -1,0 +1,127 @@
+"""Fixtures of the operator's integration tests: the PPOJob CRD on the local cluster, and the
+operator itself as a real `ppo-operator` process (development mode: trainers are local stand-in
+processes) that a test can SIGKILL and restart, stopped at the end with every trainer it started."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from local_cluster import GANG_SCHEDULER_NAME
+
+ROOT = Path(__file__).resolve().parents[3]
+CRD = ROOT / "crds" / "ppojobs.ppojob.io.yaml"
+STANDIN = Path(__file__).with_name("trainer_standin.py")
+OPERATOR = Path(sys.executable).with_name("ppo-operator")
+
+
+@pytest.fixture(scope="session")
+def ppojob_crd(local_cluster):
+    local_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
+    local_cluster.kubectl("wait", "--for=condition=Established", "crd/ppojobs.ppojob.io", "--timeout=60s")
+    return CRD
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class OperatorProcess:
+    """`ppo-operator --launcher local` watching one namespace; start/kill/restart, and its log."""
+
+    def __init__(self, cluster, namespace: str, workdir: Path, extra: list[str], env: dict[str, str]):
+        self.cluster, self.namespace, self.workdir, self.extra, self.extra_env = cluster, namespace, workdir, extra, env
+        self.state_dir = workdir / "operator-state"
+        self.stats_file = workdir / "api-requests.json"
+        self.log_path = workdir / "operator.log"
+        self.proc: subprocess.Popen | None = None
+        self.port = _free_port()
+
+    def command(self) -> list[str]:
+        return [
+            str(OPERATOR), "--namespace", self.namespace, "--launcher", "local",
+            "--state-dir", str(self.state_dir), "--trainer-command", f"{sys.executable} {STANDIN}",
+            "--heartbeat-timeout", "20", "--scheduler-name", f"Coscheduling={GANG_SCHEDULER_NAME}",
+            "--gang-schedulers", "Coscheduling,None", "--liveness", f"http://127.0.0.1:{self.port}/healthz",
+            "--stats-file", str(self.stats_file), *self.extra,
+        ]
+
+    def start(self, *extra: str) -> OperatorProcess:
+        env = {**self.cluster.env(), **self.extra_env}
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen([*self.command(), *extra], env=env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"ppo-operator exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=1):
+                    return self
+            except OSError:
+                time.sleep(0.2)
+        raise RuntimeError(f"ppo-operator not live within 60s:\n{self.log()[-3000:]}")
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, as a crash."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def requests(self) -> dict[str, int]:
+        """The operator's own API writes by verb and resource (written on exit or SIGUSR1)."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGUSR1)
+            time.sleep(0.3)
+        return json.loads(self.stats_file.read_text()) if self.stats_file.exists() else {}
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def trainer_pids(self) -> list[int]:
+        pids = []
+        for pid_file in self.state_dir.glob("*/*/a*/pid"):
+            if not (pid_file.parent / "exit").exists():
+                pids.append(int(pid_file.read_text().split()[0]))
+        return pids
+
+    def stop_trainers(self) -> None:
+        """Kill the stand-in sessions this operator started (by their recorded pids only)."""
+        for pid in self.trainer_pids():
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+@pytest.fixture
+def start_operator(local_cluster, ppojob_crd, k8s_namespace, tmp_path):
+    """start_operator(*flags, **env) -> a live OperatorProcess for this test's namespace."""
+    started: list[OperatorProcess] = []
+
+    def start(*extra: str, **env: str) -> OperatorProcess:
+        process = OperatorProcess(local_cluster, k8s_namespace, tmp_path, list(extra), env)
+        started.append(process)
+        return process.start()
+
+    yield start
+    for process in started:
+        process.stop()
+        process.stop_trainers()

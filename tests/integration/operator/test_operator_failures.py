@@ -1,0 +1,113 @@
+"""Failures on the real local cluster: the operator killed between creations, a gang that cannot
+be placed, lost pods with and without backoff left, a silent trainer, references that do not exist."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from operator_itest import apply, condition, kget, tiny_manifest, wait_for, wait_phase
+
+pytestmark = [pytest.mark.cluster]
+
+
+def children(cluster, ns, kind):
+    return [o["metadata"]["name"] for o in kget(cluster, kind, ns, selector="ppojob.io/job-name=tiny") or []]
+
+
+def test_sigkill_between_pod_group_and_raycluster_then_restart_makes_one_of_each(local_cluster, k8s_namespace, start_operator):
+    ns = k8s_namespace
+    operator = start_operator("--debug-pause-after-pod-group", "60")
+    apply(local_cluster, ns, tiny_manifest())
+    wait_for("the pod group", lambda: children(local_cluster, ns, "podgroups.scheduling.x-k8s.io"))
+    operator.kill()
+    assert children(local_cluster, ns, "rayclusters") == []
+    operator.start()  # same flags: the pod group exists now, so no pause is reached
+    job = wait_phase(local_cluster, ns, "tiny", "Succeeded", "Failed", timeout=120)
+    assert job["status"]["phase"] == "Succeeded", job["status"]
+    assert children(local_cluster, ns, "podgroups.scheduling.x-k8s.io") == ["tiny-a0"]
+    events = local_cluster.kubectl("get", "events", "-n", ns, "--field-selector", "reason=Created", "-o",
+                                   "jsonpath={.items[*].message}").stdout
+    assert "RayCluster tiny-a0" in events
+
+
+def test_a_gang_that_cannot_be_placed_fails_in_time_and_holds_no_gpus(local_cluster, k8s_namespace, start_operator):
+    ns = k8s_namespace
+    start_operator()
+    # 5 workers x 8 GPUs on 4 nodes of 8: the gang can never fit.
+    apply(local_cluster, ns, tiny_manifest(resources={"nodes": 5}, scheduling={"scheduleTimeoutSeconds": 15}))
+    scheduling = wait_phase(local_cluster, ns, "tiny", "Scheduling", timeout=60)
+    assert condition(scheduling, "GangScheduled")["reason"] == "GangPending"
+    job = wait_phase(local_cluster, ns, "tiny", "Failed", timeout=60)
+    failed = condition(job, "Failed")
+    assert failed["reason"] == "GangScheduleTimeout"
+    assert "scheduleTimeoutSeconds (15s)" in failed["message"] and "pods placed" in failed["message"]
+    assert "scheduler:" in failed["message"], failed["message"]  # the scheduler's own words
+    wait_for("no RayCluster", lambda: children(local_cluster, ns, "rayclusters") == [])
+    wait_for("no pods", lambda: children(local_cluster, ns, "pods") == [], timeout=60)
+    described = local_cluster.kubectl("describe", "ppojob", "tiny", "-n", ns).stdout
+    assert "GangScheduleTimeout" in described and "ClusterDeleted" in described
+
+
+def _worker(cluster, ns, attempt):
+    pods = kget(cluster, "pods", ns, selector=f"ppojob.io/job-name=tiny,ppojob.io/attempt={attempt},ppojob.io/role=train")
+    return pods[0]["metadata"]["name"] if pods else None
+
+
+def test_a_deleted_worker_pod_restarts_from_the_checkpoint(local_cluster, k8s_namespace, start_operator):
+    ns = k8s_namespace
+    operator = start_operator(STANDIN_STEP_SECONDS="0.5")
+    apply(local_cluster, ns, tiny_manifest(ppo={"numRollouts": 30}, checkpoint={"interval": 2}))
+    wait_for("a checkpoint", lambda: ((kget(local_cluster, "ppojob", ns, "tiny") or {}).get("status") or {})
+             .get("progress", {}).get("lastCheckpoint"), timeout=90)
+    local_cluster.kubectl("delete", "pod", _worker(local_cluster, ns, 0), "-n", ns, "--wait=false")
+    job = wait_phase(local_cluster, ns, "tiny", "Restarting", timeout=30)
+    assert (job["status"]["restarts"], job["status"]["attempt"], job["status"]["reason"]) == (1, 1, "PodLost")
+    assert "restart 1/3 from step" in job["status"]["message"]
+    job = wait_phase(local_cluster, ns, "tiny", "Succeeded", "Failed", timeout=120)
+    assert job["status"]["phase"] == "Succeeded", job["status"]
+    assert job["status"]["progress"]["attempt"] == 1 and job["status"]["children"]["rayCluster"] == "tiny-a1"
+    assert children(local_cluster, ns, "podgroups.scheduling.x-k8s.io") == []  # finished: torn down
+    log = (next(operator.state_dir.glob(f"{ns}/tiny-*/a1")) / "trainer.log").read_text()
+    assert "--resume" in log and "from step 0" not in log
+
+
+def test_a_deleted_worker_pod_with_no_backoff_left_fails_with_the_reason(local_cluster, k8s_namespace, start_operator):
+    ns = k8s_namespace
+    operator = start_operator(STANDIN_STEP_SECONDS="0.5")
+    apply(local_cluster, ns, tiny_manifest(ppo={"numRollouts": 100}, runPolicy={"backoffLimit": 0}))
+    wait_phase(local_cluster, ns, "tiny", "CriticWarmup", "Training", timeout=90)
+    local_cluster.kubectl("delete", "pod", _worker(local_cluster, ns, 0), "-n", ns, "--wait=false")
+    job = wait_phase(local_cluster, ns, "tiny", "Failed", timeout=30)
+    assert job["status"]["reason"] == "BackoffLimitExceeded" and job["status"]["restarts"] == 0
+    assert job["status"]["message"].startswith("PodLost: ") and "backoffLimit (0) reached" in job["status"]["message"]
+    wait_for("no RayCluster", lambda: children(local_cluster, ns, "rayclusters") == [])
+    wait_for("the trainer stopped", lambda: operator.trainer_pids() == [])
+
+
+def test_a_trainer_that_stops_reporting_is_lost_not_running(local_cluster, k8s_namespace, start_operator):
+    ns = k8s_namespace
+    start_operator(STANDIN_HANG="1")  # --heartbeat-timeout 20 in the fixture
+    apply(local_cluster, ns, tiny_manifest(runPolicy={"backoffLimit": 0}))
+    wait_phase(local_cluster, ns, "tiny", "CriticWarmup", timeout=90)
+    started = time.monotonic()
+    job = wait_phase(local_cluster, ns, "tiny", "Failed", timeout=60)
+    assert time.monotonic() - started < 45
+    assert job["status"]["message"].startswith("TrainerLost: no heartbeat from the trainer for")
+
+
+@pytest.mark.parametrize("spec, field", [
+    ({"checkpoint": {"volumeClaim": "no-such-claim"}}, "spec.checkpoint.volumeClaim: PersistentVolumeClaim 'no-such-claim' not found"),
+    ({"envFromSecret": "no-such-secret"}, "spec.envFromSecret: Secret 'no-such-secret' not found"),
+])
+def test_a_missing_reference_fails_invalid_spec_and_valid_jobs_go_on(local_cluster, k8s_namespace, start_operator, spec, field):
+    ns = k8s_namespace
+    operator = start_operator()
+    apply(local_cluster, ns, tiny_manifest("broken", **spec))
+    apply(local_cluster, ns, tiny_manifest())
+    job = wait_phase(local_cluster, ns, "broken", "Failed", timeout=60)
+    assert job["status"]["reason"] == "InvalidSpec" and job["status"]["message"].startswith(field)
+    assert condition(job, "Valid")["status"] == "False"
+    assert kget(local_cluster, "rayclusters", ns, selector="ppojob.io/job-name=broken") == []
+    assert wait_phase(local_cluster, ns, "tiny", "Succeeded", timeout=120)
+    assert operator.proc.poll() is None

@@ -1,0 +1,129 @@
+"""A PPOJob on the real local cluster: gang pod group and RayCluster, pods placed together on fake
+GPU nodes, the status through its phases as the trainer stand-in reports with its own identity,
+and what `kubectl get` and `kubectl describe` show."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+import yaml
+from local_cluster import GANG_SCHEDULER_NAME
+from operator_itest import PhaseRecorder, apply, condition, kget, tiny_manifest, wait_for, wait_phase
+
+pytestmark = [pytest.mark.cluster]
+
+
+def test_tiny_example_is_gang_scheduled_and_reports_every_phase(local_cluster, k8s_namespace, start_operator):
+    ns = k8s_namespace
+    operator = start_operator()
+    recorder = PhaseRecorder(local_cluster, ns, "tiny")
+    apply(local_cluster, ns, tiny_manifest())
+    job = wait_for("the job's uid", lambda: kget(local_cluster, "ppojob", ns, "tiny"))
+    owner = {"apiVersion": "ppojob.io/v1alpha1", "kind": "PPOJob", "name": "tiny", "uid": job["metadata"]["uid"],
+             "controller": True, "blockOwnerDeletion": True}
+
+    group = wait_for("the pod group", lambda: kget(local_cluster, "podgroups.scheduling.x-k8s.io", ns, "tiny-a0"))
+    assert group["spec"] == {"minMember": 2, "scheduleTimeoutSeconds": 600, "minResources": {"nvidia.com/gpu": "8"}}
+    assert group["metadata"]["ownerReferences"] == [owner]
+    cluster = wait_for("the RayCluster", lambda: kget(local_cluster, "rayclusters", ns, "tiny-a0"))
+    assert cluster["metadata"]["ownerReferences"] == [owner]
+    assert cluster["metadata"]["labels"]["ppojob.io/job-name"] == "tiny"
+    worker = cluster["spec"]["workerGroupSpecs"][0]["template"]
+    assert worker["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] == "tiny-a0"
+    assert worker["spec"]["schedulerName"] == GANG_SCHEDULER_NAME
+    assert worker["spec"]["volumes"][0] == {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}}
+
+    pods = wait_for(
+        "2 pods bound to fake GPU nodes",
+        lambda: (p := kget(local_cluster, "pods", ns, selector="ppojob.io/job-name=tiny")) and len(p) == 2
+        and all(x["spec"].get("nodeName") for x in p) and p,
+    )
+    assert {p["spec"]["schedulerName"] for p in pods} == {GANG_SCHEDULER_NAME}
+    assert {p["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] for p in pods} == {"tiny-a0"}
+    gpus = [p["spec"]["containers"][0]["resources"].get("limits", {}).get("nvidia.com/gpu") for p in pods]
+    assert sorted(gpus, key=str) == ["8", None] or sorted(map(str, gpus)) == ["8", "None"]
+
+    job = wait_phase(local_cluster, ns, "tiny", "Succeeded", "Failed", timeout=120)
+    recorder.stop()
+    assert job["status"]["phase"] == "Succeeded", job["status"]
+    seen = recorder.phases
+    assert seen[0] in ("Pending", "Scheduling") and seen[-1] == "Succeeded"
+    for phase in ("Scheduling", "Initializing", "CriticWarmup", "Training"):
+        assert phase in seen, seen
+    assert seen.index("CriticWarmup") < seen.index("Training")
+    progress = job["status"]["progress"]
+    assert (progress["steps"], progress["warmup"], progress["finished"]) == ("12/12", "2/2", True)
+    assert job["status"]["children"] == {"rayCluster": "tiny-a0", "podGroup": "tiny-a0",
+                                         "serviceAccount": "tiny-trainer", "submission": job["status"]["children"]["submission"]}
+    assert condition(job, "Succeeded")["status"] == "True"
+    assert condition(job, "GangScheduled")["observedGeneration"] == 1
+    # Finished: nothing holds GPUs any more.
+    wait_for("the RayCluster gone", lambda: kget(local_cluster, "rayclusters", ns, "tiny-a0") is None)
+
+    table = local_cluster.kubectl("get", "ppojobs", "-n", ns).stdout.splitlines()
+    assert table[0].split() == ["NAME", "PHASE", "STEPS", "WARMUP", "STAGE", "OFFLOAD", "AGE"]
+    assert table[1].split()[:5] == ["tiny", "Succeeded", "12/12", "2/2", "Done"]
+    described = local_cluster.kubectl("describe", "ppojob", "tiny", "-n", ns).stdout
+    for reason in ("Created", "GangScheduled", "ClusterReady", "TrainerStarted", "CriticWarmupStep",
+                   "CriticWarmupDone", "Training", "CheckpointWritten", "Succeeded", "ClusterDeleted"):
+        assert reason in described, f"{reason} missing from kubectl describe:\n{described}"
+    print("\n".join(table), "\n", described[described.index("Events:"):], sep="")
+    assert "Traceback" not in operator.log()
+
+
+def test_the_trainer_identity_may_patch_its_own_job_status_and_nothing_else(local_cluster, k8s_namespace, start_operator, tmp_path):
+    ns = k8s_namespace
+    operator = start_operator(STANDIN_STEP_SECONDS="2")
+    apply(local_cluster, ns, tiny_manifest(ppo={"numRollouts": 50}))
+    apply(local_cluster, ns, tiny_manifest("other", resources={"gpusPerNode": 0}, scheduling={"gangScheduler": "None"}))
+    wait_phase(local_cluster, ns, "tiny", "CriticWarmup", "Training", timeout=90)
+    (kubeconfig,) = operator.state_dir.glob(f"{ns}/tiny-*/a0/kubeconfig")
+    as_trainer = {**local_cluster.env(), "KUBECONFIG": str(kubeconfig)}
+
+    def trainer_kubectl(*args):
+        return subprocess.run([str(local_cluster.bin_dir / "kubectl"), *args, "-n", ns], env=as_trainer,
+                              capture_output=True, text=True, check=False)
+
+    patch = json.dumps({"status": {"progress": {"stage": "Generate"}}})
+    own = trainer_kubectl("patch", "ppojob", "tiny", "--subresource=status", "--type=merge", "-p", patch)
+    assert own.returncode == 0, own.stderr
+    for args in (("patch", "ppojob", "other", "--subresource=status", "--type=merge", "-p", patch),
+                 ("patch", "ppojob", "tiny", "--type=merge", "-p", json.dumps({"spec": {"seed": 2}})),
+                 ("get", "pods"), ("get", "ppojob", "other")):
+        denied = trainer_kubectl(*args)
+        assert denied.returncode != 0 and "forbidden" in denied.stderr.lower(), (args, denied.stderr)
+
+
+def test_kubectl_get_and_describe_while_warming_up(local_cluster, k8s_namespace, start_operator):
+    ns = k8s_namespace
+    start_operator(STANDIN_STEP_SECONDS="1.5")
+    apply(local_cluster, ns, tiny_manifest(ppo={"numRollouts": 12, "numCriticOnlySteps": 6}))
+    wait_for("warm-up 2/6", lambda: ((kget(local_cluster, "ppojob", ns, "tiny") or {}).get("status") or {})
+             .get("progress", {}).get("warmup") in ("2/6", "3/6"), timeout=90)
+    row = local_cluster.kubectl("get", "ppo", "-n", ns, "--no-headers").stdout.split()
+    assert row[0:2] == ["tiny", "CriticWarmup"] and row[3] in ("2/6", "3/6")
+    assert "actor:off" in local_cluster.kubectl("get", "ppo", "tiny", "-n", ns, "-o", "wide").stdout
+    described = local_cluster.kubectl("describe", "ppojob", "tiny", "-n", ns).stdout
+    assert "critic-only warm-up 1/6 done" in described and "Phase:         CriticWarmup" in described
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ({"ppo": {"numRollouts": 2, "numCriticOnlySteps": 3}}, "ppo.numCriticOnlySteps (3) must not exceed ppo.numRollouts (2)"),
+        ({"ppo": {"numCriticOnlySteps": 1}, "critic": {"enabled": False}}, "ppo.numCriticOnlySteps > 0 needs a critic"),
+        ({"placement": "Disaggregated"}, "placement Disaggregated needs GPUs of its own"),
+        ({"rollout": {"gpus": 2}}, "placement Colocate runs the rollout engines on the training GPUs"),
+        ({"critic": {"parallelism": {"tensor": 2}}}, "critic.parallelism must equal actor.parallelism"),
+        ({"reward": {"type": "Custom"}}, "reward.type Custom needs reward.function"),
+        ({"resources": {"gpusPerNode": 3}, "actor": {"parallelism": {"tensor": 2}}, "critic": {"parallelism": {"tensor": 2}}},
+         "must be a multiple of actor.parallelism.tensor * actor.parallelism.pipeline"),
+        ({"ppo": {"clipEps": 0.2, "clipEpsHigh": 0.1}}, "ppo.clipEpsHigh must be at least ppo.clipEps"),
+    ],
+)
+def test_each_cel_rule_rejects_with_its_message(local_cluster, ppojob_crd, k8s_namespace, spec, message):
+    manifest = tiny_manifest("bad", **spec)
+    result = local_cluster.kubectl("apply", "-n", k8s_namespace, "-f", "-", input=yaml.safe_dump(manifest), check=False)
+    assert result.returncode != 0 and message in result.stderr, result.stderr

@@ -1,0 +1,80 @@
+"""A trainer stand-in for the operator's integration tests: `ppo-train`'s command line and reports,
+without the training.
+
+    python trainer_standin.py CONFIG --run-dir DIR [--resume] [--address A]
+
+Reads the PPOJob manifest CONFIG, then walks numRollouts steps (the first numCriticOnlySteps
+critic-only), patching `status.progress` of its own PPOJob through the status subresource with the
+identity the operator gave it (KUBECONFIG: the job's ServiceAccount token), exactly as the real
+trainer's reporter does. A checkpoint file in DIR lets --resume continue. Environment knobs:
+STANDIN_STEP_SECONDS (default 0.3), STANDIN_HANG=1 (stop reporting and sleep), STANDIN_EXIT_CODE.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import yaml
+from kubernetes import client, config
+
+
+def now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("config")
+    parser.add_argument("--run-dir", required=True)
+    parser.add_argument("--address")
+    parser.add_argument("--resume", action="store_true")
+    args = parser.parse_args()
+    spec = yaml.safe_load(Path(args.config).read_text())["spec"]
+    total = spec.get("ppo", {}).get("numRollouts", 10)
+    warmup = spec.get("ppo", {}).get("numCriticOnlySteps", 0)
+    interval = spec.get("checkpoint", {}).get("interval", 1) or total
+    run_dir = Path(args.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    checkpoint = run_dir / "checkpoint-step"
+    start = int(checkpoint.read_text()) if args.resume and checkpoint.exists() else 0
+    config.load_kube_config()
+    api = client.CustomObjectsApi()
+    name, namespace = os.environ["PPOJOB_NAME"], os.environ["PPOJOB_NAMESPACE"]
+    attempt = int(os.environ.get("PPOJOB_ATTEMPT", "0"))
+    step_seconds = float(os.environ.get("STANDIN_STEP_SECONDS", "0.3"))
+
+    def report(**progress) -> None:
+        body = {"status": {"progress": {"attempt": attempt, "totalSteps": total, "criticOnlySteps": warmup,
+                                        "heartbeatTime": now(), **progress}}}
+        api.patch_namespaced_custom_object_status("ppojob.io", "v1alpha1", namespace, "ppojobs", name, body,
+                                                  _content_type="application/merge-patch+json")
+
+    print(f"stand-in: {namespace}/{name} attempt {attempt} from step {start}", flush=True)
+    for step in range(start, total):
+        critic_only = step < warmup
+        report(step=step, steps=f"{step}/{total}", warmup=f"{min(step, warmup)}/{warmup}", stage="Generate",
+               criticOnlyStepsDone=min(step, warmup), actor="Offloaded", critic="Offloaded", rollout="Awake",
+               offload="actor:off critic:off rollout:awake")
+        if os.environ.get("STANDIN_HANG") == "1":
+            time.sleep(3600)
+        time.sleep(step_seconds)
+        done = step + 1
+        progress = {"step": done, "steps": f"{done}/{total}", "warmup": f"{min(done, warmup)}/{warmup}",
+                    "criticOnlyStepsDone": min(done, warmup), "stage": "CriticTrain" if critic_only else "ActorTrain"}
+        if done % interval == 0 or done == total:
+            checkpoint.write_text(str(done))
+            progress["lastCheckpoint"] = {"step": done, "path": str(run_dir / f"step-{done}"), "time": now()}
+        report(**progress)
+    code = int(os.environ.get("STANDIN_EXIT_CODE", "0"))
+    if code == 0:
+        report(step=total, steps=f"{total}/{total}", stage="Done", finished=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
