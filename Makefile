@@ -44,7 +44,7 @@ run: venv
 	$(VENV)/bin/ppo-train examples/tiny-ppojob.yaml --run-dir runs/tiny
 
 demo: venv cluster-binaries
-	@$(PY) -m ppo_demo
+	@PYTHONPATH=tests/e2e $(PY) -m story
 
 test: venv cluster-binaries
 	@start=$$(date +%s); \

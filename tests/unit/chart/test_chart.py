@@ -55,7 +55,8 @@ def test_deployment_runs_two_peered_replicas_cluster_wide(render):
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert container["image"] == "ppojob/operator:0.1.0"
     assert "--peering=ppojob-ppojob-operator" in container["args"]
-    assert "--all-namespaces" in container["args"]
+    assert not [a for a in container["args"] if a.startswith("--namespace")], "all namespaces by default"
+    assert "--launcher=ray-jobs" in container["args"] and "--gang-schedulers=Coscheduling" in container["args"]
     assert "--liveness=http://0.0.0.0:8080/healthz" in container["args"]
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["readinessProbe"]["httpGet"]["path"] == "/healthz"
@@ -109,7 +110,7 @@ def test_watch_namespaces_gives_namespaced_roles(render):
     assert sorted(p["metadata"]["namespace"] for p in by_kind(objects, "KopfPeering")) == ["team-a", "team-b"]
     (deployment,) = by_kind(objects, "Deployment")
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert "--namespace=team-a" in args and "--namespace=team-b" in args and "--all-namespaces" not in args
+    assert "--namespace=team-a" in args and "--namespace=team-b" in args
 
 
 def test_metrics_service_is_optional(render):
@@ -144,19 +145,9 @@ def test_bad_values_are_rejected_with_the_field(render, setting, fragment):
     assert fragment in info.value.stderr
 
 
-def test_notes_tell_what_to_do_next(helm):
-    out = subprocess.run(
-        [str(helm), "install", "ppojob", str(CHART), "--dry-run=client", "-n", "ppojob-system"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    assert "kubectl get ppojobs -w" in out and "kubectl describe ppojob" in out
-
-
 def test_values_file_passes_its_schema(helm):
     values = yaml.safe_load((CHART / "values.yaml").read_text())
-    assert values["trainerLauncher"] in ("RayJobSubmission", "LocalProcess")
+    assert values["trainerLauncher"] in ("ray-jobs", "local")
 
 
 def test_crds_are_part_of_the_release_unless_turned_off(render):

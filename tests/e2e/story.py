@@ -1,0 +1,256 @@
+"""The README's story on the local cluster, step by step, as a person would live it.
+
+    helm install the chart -> the operator runs with exactly the chart's RBAC -> kubectl apply the
+    tiny PPOJob -> gang-scheduled pods on fake GPU nodes -> a real trainer on this CPU reports
+    warm-up k/N, training and offload states -> Succeeded -> kubectl delete -> helm uninstall.
+
+The local cluster's pods run no containers (KWOK), so the chart's operator Deployment gets a fake
+pod; the real operator runs here as a process that authenticates with a token of the chart's
+ServiceAccount, so a rule missing from the chart's RBAC fails the story. It starts trainers with
+its development launcher (`--launcher local`), each with the per-job least-privilege identity.
+
+Used by tests/e2e/test_readme_story.py and by `make demo` (`python -m story`), which leaves the
+cluster up afterwards. Depends on local_cluster and the repo's chart, examples and entry points.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from local_cluster import LocalCluster
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "ppojob-operator"
+EXAMPLE = REPO / "examples" / "tiny-ppojob.yaml"
+RELEASE, OPERATOR_NAMESPACE, JOB_NAMESPACE = "ppojob", "ppojob-system", "ppo-demo"
+OPERATOR_SA = f"{RELEASE}-ppojob-operator"
+FINISHED = ("Succeeded", "Failed")
+
+
+class StoryError(RuntimeError):
+    """A step of the story did not happen as it should; the message says which and what was seen."""
+
+
+@dataclass
+class Story:
+    cluster: LocalCluster
+    work_dir: Path
+    out: callable = print
+    job_name: str = "tiny"
+    timeline: list[tuple[float, str]] = field(default_factory=list)
+    phases_seen: list[str] = field(default_factory=list)
+    snapshots: dict[str, str] = field(default_factory=dict)
+    _operator: subprocess.Popen | None = None
+    _watch: subprocess.Popen | None = None
+    _t0: float = field(default_factory=time.monotonic)
+
+    # -- helpers -----------------------------------------------------------------------------
+    def say(self, text: str) -> None:
+        elapsed = time.monotonic() - self._t0
+        self.timeline.append((elapsed, text))
+        self.out(f"[{elapsed:6.1f}s] {text}")
+
+    def kubectl(self, *args: str, check: bool = True) -> str:
+        result = self.cluster.kubectl(*args, check=False)
+        if check and result.returncode != 0:
+            raise StoryError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
+        return result.stdout
+
+    def job(self) -> dict:
+        return json.loads(self.kubectl("get", "ppojob", self.job_name, "-n", JOB_NAMESPACE, "-o", "json"))
+
+    # -- the steps ---------------------------------------------------------------------------
+    def install_chart(self) -> None:
+        self.say(f"helm install {RELEASE} charts/ppojob-operator (trainerLauncher=local, one replica)")
+        self.snapshots["helm-install"] = self.cluster.helm(
+            "install", RELEASE, str(CHART), "--namespace", OPERATOR_NAMESPACE, "--create-namespace",
+            "--set", "trainerLauncher=local", "--set", "replicas=1", "--wait", "--timeout", "120s",
+        ).stdout
+        self.kubectl("create", "namespace", JOB_NAMESPACE)
+
+    def start_operator(self) -> None:
+        token = self.cluster.create_token(OPERATOR_SA, OPERATOR_NAMESPACE, duration="4h")
+        kubeconfig = self.work_dir / "operator.kubeconfig"
+        server = self.cluster.server
+        ca = yaml.safe_load(self.cluster.kubeconfig.read_text())["clusters"][0]["cluster"]
+        kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "operator",
+            "clusters": [{"name": "local", "cluster": {**ca, "server": server}}],
+            "users": [{"name": OPERATOR_SA, "user": {"token": token}}],
+            "contexts": [{"name": "operator", "context": {"cluster": "local", "user": OPERATOR_SA}}],
+        }))
+        env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PATH": f"{self.cluster.bin_dir}:{os.environ['PATH']}"}
+        log = open(self.work_dir / "operator.log", "ab")
+        self._operator = subprocess.Popen(
+            [str(Path(sys.executable).parent / "ppo-operator"), "--launcher", "local",
+             "--peering", OPERATOR_SA, "--priority", "100", "--gang-schedulers", "Coscheduling",
+             "--state-dir", str(self.work_dir / "operator-state"),
+             "--stats-file", str(self.work_dir / "operator-api-calls.json")],
+            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        self.say(f"operator running here as system:serviceaccount:{OPERATOR_NAMESPACE}:{OPERATOR_SA} "
+                 f"(pid {self._operator.pid}, log {self.work_dir / 'operator.log'})")
+
+    def apply_job(self) -> None:
+        self._watch = subprocess.Popen(
+            [str(self.cluster.bin_dir / "kubectl"), "--kubeconfig", str(self.cluster.kubeconfig),
+             "get", "ppojobs", "-n", JOB_NAMESPACE, "-w"],
+            stdout=open(self.work_dir / "get-ppojobs-w.txt", "wb"), stderr=subprocess.STDOUT,
+        )
+        self.say("kubectl apply -f examples/tiny-ppojob.yaml")
+        self.kubectl("apply", "-n", JOB_NAMESPACE, "-f", str(EXAMPLE))
+
+    def wait_for_children(self, timeout: float = 120) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            children = self.job().get("status", {}).get("children", {})
+            if children.get("podGroup") and children.get("rayCluster"):
+                self.say(f"children created: PodGroup {children['podGroup']}, RayCluster {children['rayCluster']}")
+                return children
+            time.sleep(1)
+        raise StoryError(f"no pod group and RayCluster within {timeout}s; operator log: {self.work_dir / 'operator.log'}")
+
+    def wait_for_gang(self, timeout: float = 180) -> list[dict]:
+        """All pods of the job Running, bound together on fake GPU nodes."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            pods = json.loads(self.kubectl("get", "pods", "-n", JOB_NAMESPACE, "-l",
+                                           f"ppojob.io/job-name={self.job_name}", "-o", "json"))["items"]
+            if pods and all(p["status"].get("phase") == "Running" for p in pods):
+                nodes = sorted({p["spec"]["nodeName"] for p in pods})
+                self.say(f"{len(pods)} pods Running together (gang) on {', '.join(nodes)}")
+                return pods
+            time.sleep(1)
+        raise StoryError(f"the job's pods did not all reach Running within {timeout}s")
+
+    def follow(self, timeout: float = 900) -> dict:
+        """Poll the job until it finishes, noting each phase and capturing describe along the way."""
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            status = self.job().get("status", {})
+            progress = status.get("progress", {})
+            view = (status.get("phase"), progress.get("steps"), progress.get("warmup"), progress.get("stage"),
+                    progress.get("offload"))
+            if view != last:
+                last = view
+                self.say("phase={} steps={} warmup={} stage={} offload={}".format(*view))
+                phase = status.get("phase")
+                if phase and (not self.phases_seen or self.phases_seen[-1] != phase):
+                    self.phases_seen.append(phase)
+                    self.snapshots[f"describe-{phase}"] = self.kubectl("describe", "ppojob", self.job_name,
+                                                                       "-n", JOB_NAMESPACE)
+            if status.get("phase") in FINISHED:
+                return status
+            time.sleep(0.5)
+        raise StoryError(f"the job did not finish within {timeout}s; phases seen: {self.phases_seen}")
+
+    def capture(self) -> None:
+        self.snapshots["get"] = self.kubectl("get", "ppojobs", "-n", JOB_NAMESPACE)
+        self.snapshots["get-wide"] = self.kubectl("get", "ppojobs", "-n", JOB_NAMESPACE, "-o", "wide")
+        self.snapshots["describe"] = self.kubectl("describe", "ppojob", self.job_name, "-n", JOB_NAMESPACE)
+        self.snapshots["events"] = self.kubectl("get", "events", "-n", JOB_NAMESPACE, "--field-selector",
+                                                f"involvedObject.name={self.job_name}",
+                                                "--sort-by=.lastTimestamp")
+        for name, text in self.snapshots.items():
+            (self.work_dir / f"{name}.txt").write_text(text)
+
+    def children_left(self) -> dict[str, list[str]]:
+        left = {}
+        for kind in ("rayclusters.ray.io", "podgroups.scheduling.x-k8s.io", "pods", "serviceaccounts",
+                     "roles.rbac.authorization.k8s.io", "rolebindings.rbac.authorization.k8s.io"):
+            names = self.kubectl("get", kind, "-n", JOB_NAMESPACE, "-l", f"ppojob.io/job-name={self.job_name}",
+                                 "-o", "name").split()
+            if names:
+                left[kind] = names
+        return left
+
+    def delete_job(self, timeout: float = 120) -> None:
+        self.say(f"kubectl delete ppojob {self.job_name}")
+        self.kubectl("delete", "ppojob", self.job_name, "-n", JOB_NAMESPACE, "--timeout", f"{int(timeout)}s")
+        deadline = time.monotonic() + timeout
+        while (left := self.children_left()) and time.monotonic() < deadline:
+            time.sleep(1)
+        if left:
+            raise StoryError(f"objects of the deleted job are still there: {left}")
+        self.say("every child of the job is gone")
+
+    def stop_operator(self) -> None:
+        if self._operator and self._operator.poll() is None:
+            os.killpg(self._operator.pid, signal.SIGTERM)
+            try:
+                self._operator.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self._operator.pid, signal.SIGKILL)
+        if self._watch and self._watch.poll() is None:
+            self._watch.terminate()
+
+    def uninstall(self) -> dict[str, list[str]]:
+        self.say(f"helm uninstall {RELEASE}")
+        self.cluster.helm("uninstall", RELEASE, "--namespace", OPERATOR_NAMESPACE, "--wait", "--timeout", "120s")
+        self.kubectl("delete", "namespace", JOB_NAMESPACE, "--wait=false", check=False)
+        left = {}
+        for kind in ("deployments", "serviceaccounts", "clusterroles", "clusterrolebindings", "crds",
+                     "clusterkopfpeerings.kopf.dev"):
+            names = self.kubectl("get", kind, "-A", "-l", f"app.kubernetes.io/instance={RELEASE}", "-o", "name",
+                                 check=False).split()
+            if names:
+                left[kind] = names
+        crds = self.kubectl("get", "crds", "-o", "name").split()
+        left_crds = [c for c in crds if c.endswith("ppojob.io") or c.endswith("kopf.dev")]
+        if left_crds:
+            left["crds"] = left_crds
+        self.say("helm uninstall left nothing behind" if not left else f"left behind: {left}")
+        return left
+
+    def run(self, *, clean_up: bool = True) -> dict:
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.install_chart()
+            self.start_operator()
+            self.apply_job()
+            self.wait_for_children()
+            self.wait_for_gang()
+            status = self.follow()
+            self.capture()
+            self.say(f"finished: {status['phase']} after {self.phases_seen}")
+            if clean_up:
+                self.delete_job()
+        finally:
+            self.stop_operator()
+        if clean_up:
+            self.uninstall()
+        return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="make demo", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--work-dir", type=Path, default=REPO / "runs" / "demo")
+    parser.add_argument("--keep", action="store_true", help="keep the release and the job for looking around")
+    args = parser.parse_args(argv)
+    cluster = LocalCluster.running() or LocalCluster.start(out=print)
+    story = Story(cluster=cluster, work_dir=args.work_dir)
+    try:
+        status = story.run(clean_up=not args.keep)
+    except StoryError as exc:
+        print(f"\nthe story stopped: {exc}", file=sys.stderr)
+        return 1
+    print("\n$ kubectl get ppojobs -w\n" + (args.work_dir / "get-ppojobs-w.txt").read_text())
+    print("$ kubectl describe ppojob tiny\n" + story.snapshots["describe"])
+    print(f"Captured output: {args.work_dir}\nThe cluster is still up. Look around with:\n"
+          f"  eval $(make -s cluster-env)\n  kubectl get ppojobs,rayclusters,podgroups,pods -A\n"
+          f"Stop it with:  make cluster-down")
+    return 0 if status["phase"] == "Succeeded" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
