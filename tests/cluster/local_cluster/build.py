@@ -1,9 +1,9 @@
 """Build the cluster's binaries from Go modules into a cache directory keyed by the pins.
 
-Two tiny wrapper modules are generated at build time (never committed): one that requires
+Two tiny wrapper modules are generated at build time (never committed): "k8s", which requires
 k8s.io/kubernetes (with every staging module k8s.io/* replaced by its published v0.X.Y), etcd,
-scheduler-plugins, KubeRay and KWOK, so that they all share one set of k8s.io library versions
-and therefore the Go build cache; and one for helm, whose release needs newer k8s.io libraries.
+scheduler-plugins and KubeRay, so that they share one set of k8s.io library versions and so the
+Go build cache; and "tools" for helm and KWOK, whose releases need newer k8s.io libraries.
 Binaries are built one after another (2 cores) with -trimpath and -ldflags "-s -w".
 """
 
@@ -28,7 +28,7 @@ class BuildError(RuntimeError):
 @dataclass(frozen=True)
 class Binary:
     name: str  # file name under bin/
-    module: str  # "k8s" or "helm": which wrapper module builds it
+    module: str  # "k8s" or "tools": which wrapper module builds it
     package: str  # Go package path of the main package
     stamp: str  # which version flags to add: "kube", "helm", "kwok" or ""
 
@@ -42,12 +42,13 @@ BINARIES: tuple[Binary, ...] = (
     Binary("gang-scheduler", "k8s", "sigs.k8s.io/scheduler-plugins/cmd/scheduler", "kube"),
     Binary("gang-controller", "k8s", "sigs.k8s.io/scheduler-plugins/cmd/controller", "kube"),
     Binary("kuberay-operator", "k8s", "github.com/ray-project/kuberay/ray-operator", "kube"),
-    Binary("kwok", "k8s", "sigs.k8s.io/kwok/cmd/kwok", "kwok"),
-    Binary("helm", "helm", "helm.sh/helm/v3/cmd/helm", "helm"),
+    Binary("helm", "tools", "helm.sh/helm/v3/cmd/helm", "helm"),
+    Binary("kwok", "tools", "sigs.k8s.io/kwok/cmd/kwok", "kwok"),
 )
 
 KUBERAY_MODULE = "github.com/ray-project/kuberay/ray-operator"
 SCHEDULER_PLUGINS_MODULE = "sigs.k8s.io/scheduler-plugins"
+KWOK_MODULE = "sigs.k8s.io/kwok"
 
 ETCD_MAIN = """// Command etcd runs the etcd server of go.etcd.io/etcd/server/v3 (generated wrapper).
 package main
@@ -111,7 +112,6 @@ def write_k8s_module(pins: Pins, src: Path) -> None:
         f"\tgo.etcd.io/etcd/server/v3 {pins['ETCD_VERSION']}\n"
         f"\tsigs.k8s.io/scheduler-plugins {pins['SCHEDULER_PLUGINS_VERSION']}\n"
         f"\tgithub.com/ray-project/kuberay/ray-operator {pins['KUBERAY_VERSION']}\n"
-        f"\tsigs.k8s.io/kwok {pins['KWOK_VERSION']}\n"
         ")\n\nreplace (\n" + "\n".join(replaces) + "\n)\n"
     )
     imports = "".join(f'\t_ "{b.package}"\n' for b in BINARIES if b.module == "k8s" and not b.package.startswith("."))
@@ -120,12 +120,14 @@ def write_k8s_module(pins: Pins, src: Path) -> None:
     (src / "cmd" / "etcd" / "main.go").write_text(ETCD_MAIN)
 
 
-def write_helm_module(pins: Pins, src: Path) -> None:
+def write_tools_module(pins: Pins, src: Path) -> None:
     src.mkdir(parents=True, exist_ok=True)
     (src / "go.mod").write_text(
-        f"module ppojob.local/cluster-helm\n\ngo 1.26\n\nrequire helm.sh/helm/v3 {pins['HELM_VERSION']}\n"
+        "module ppojob.local/cluster-tools\n\ngo 1.26\n\nrequire (\n"
+        f"\thelm.sh/helm/v3 {pins['HELM_VERSION']}\n\tsigs.k8s.io/kwok {pins['KWOK_VERSION']}\n)\n"
     )
-    (src / "tools.go").write_text('//go:build tools\n\npackage tools\n\nimport _ "helm.sh/helm/v3/cmd/helm"\n')
+    imports = "".join(f'\t_ "{b.package}"\n' for b in BINARIES if b.module == "tools")
+    (src / "tools.go").write_text(f"//go:build tools\n\npackage tools\n\nimport (\n{imports})\n")
 
 
 def ldflags(binary: Binary, pins: Pins, src: Path) -> str:
@@ -181,8 +183,8 @@ def build(pins: Pins | None = None, force: bool = False, out=sys.stdout) -> dict
     print(f"building the local cluster into {root} (log: {log})", file=out, flush=True)
     started = time.monotonic()
     timings: dict[str, float] = {}
-    srcs = {"k8s": root / "src" / "k8s", "helm": root / "src" / "helm"}
-    for name, writer in (("k8s", write_k8s_module), ("helm", write_helm_module)):
+    srcs = {"k8s": root / "src" / "k8s", "tools": root / "src" / "tools"}
+    for name, writer in (("k8s", write_k8s_module), ("tools", write_tools_module)):
         t = time.monotonic()
         writer(pins, srcs[name])
         _run(["go", "mod", "tidy"], srcs[name], log)
@@ -203,8 +205,8 @@ def build(pins: Pins | None = None, force: bool = False, out=sys.stdout) -> dict
         print(f"  {binary.name:28s} {timings[binary.name]:7.1f}s", file=out, flush=True)
     total = round(time.monotonic() - started, 1)
     print(f"  {'total':28s} {total:7.1f}s", file=out, flush=True)
-    module_dirs = {m: _go_output(["list", "-m", "-f", "{{.Dir}}", m], srcs["k8s"]).strip()
-                   for m in (KUBERAY_MODULE, SCHEDULER_PLUGINS_MODULE)}
+    module_dirs = {m: _go_output(["list", "-m", "-f", "{{.Dir}}", m], srcs[src]).strip()
+                   for m, src in ((KUBERAY_MODULE, "k8s"), (SCHEDULER_PLUGINS_MODULE, "k8s"), (KWOK_MODULE, "tools"))}
     record = {"key": pins.key(), "pins": pins.values, "timings_s": timings, "total_s": total,
               "module_dirs": module_dirs, "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     manifest_path(pins).write_text(json.dumps(record, indent=2) + "\n")

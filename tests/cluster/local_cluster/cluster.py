@@ -23,7 +23,7 @@ from pathlib import Path
 from . import build as builder
 from . import manifests
 from .pins import Pins, build_dir, default_state_dir, load_pins
-from .pki import ensure_pki, kubeconfig_text
+from .pki import ensure_pki, kubeconfig_text, kubeconfig_token_text
 
 HOST = "127.0.0.1"
 
@@ -147,12 +147,20 @@ class LocalCluster:
         return self.kubectl("create", "token", service_account, "-n", namespace,
                             f"--duration={duration}").stdout.strip()
 
+    def kubeconfig_for_token(self, token: str, path: Path | str) -> Path:
+        """Write a kubeconfig that authenticates with a bearer token only (e.g. a ServiceAccount's)."""
+        path = Path(path)
+        path.write_text(kubeconfig_token_text(self.server, self.state_dir / "pki", token))
+        path.chmod(0o600)
+        return path
+
     def add_fake_node(self, name: str, gpus: int | None = None, cpu: str | None = None,
-                      memory: str | None = None, wait: float = 60) -> None:
+                      memory: str | None = None, labels: dict[str, str] | None = None, wait: float = 60) -> None:
         """Add a KWOK-managed fake node (defaults from versions.env) and wait until it is Ready."""
         p = self.pins.values
         self.apply(manifests.fake_node(name, int(gpus if gpus is not None else p.get("FAKE_NODE_GPUS", 8)),
-                                       cpu or p.get("FAKE_NODE_CPU", "64"), memory or p.get("FAKE_NODE_MEMORY", "512Gi")))
+                                       cpu or p.get("FAKE_NODE_CPU", "64"), memory or p.get("FAKE_NODE_MEMORY", "512Gi"),
+                                       labels))
         self.kubectl("wait", "--for=condition=Ready", f"node/{name}", f"--timeout={int(wait)}s", timeout=wait + 30)
 
     def delete_node(self, name: str) -> None:
@@ -441,6 +449,7 @@ class LocalCluster:
                 f"--server-address={HOST}:{PORTS['kwok']}",
                 f"--node-ip={HOST}", f"--cidr={POD_CIDR}",
                 "--node-lease-duration-seconds=40",
+                *[f"--config={path}" for path in manifests.kwok_stage_files(self.pins)],
             ],
         }
 

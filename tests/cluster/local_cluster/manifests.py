@@ -24,7 +24,7 @@ def node_name(index: int) -> str:
     return f"kwok-gpu-{index}"
 
 
-def fake_node(name: str, gpus: int, cpu: str, memory: str) -> str:
+def fake_node(name: str, gpus: int, cpu: str, memory: str, labels: dict[str, str] | None = None) -> str:
     """A Node that KWOK manages (annotation) advertising `gpus` nvidia.com/gpu, as JSON (valid YAML)."""
     resources = {"cpu": str(cpu), "memory": str(memory), "pods": "110", GPU_RESOURCE: str(gpus),
                  "ephemeral-storage": "1Ti"}
@@ -40,6 +40,7 @@ def fake_node(name: str, gpus: int, cpu: str, memory: str) -> str:
                 "kubernetes.io/arch": "amd64",
                 "type": "kwok",
                 "nvidia.com/gpu.present": "true",
+                **(labels or {}),
             },
         },
         "spec": {},
@@ -65,6 +66,29 @@ def crd_files(pins: Pins) -> list[Path]:
     missing = [str(f) for f in files if not f.is_file()]
     if missing:
         raise builder.BuildError(f"CRD files missing from the Go module cache: {', '.join(missing)}")
+    return files
+
+
+KWOK_STAGES = (
+    "node/fast/node-initialize.yaml",
+    "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
+    "pod/general/pod-create.yaml",
+    "pod/general/pod-init-container-running.yaml",
+    "pod/general/pod-init-container-completed.yaml",
+    "pod/general/pod-ready.yaml",
+    "pod/general/pod-complete.yaml",
+    "pod/general/pod-delete.yaml",
+)
+
+
+def kwok_stage_files(pins: Pins) -> list[Path]:
+    """KWOK's own node and pod lifecycle Stages (module cache): nodes become Ready and heartbeat, bound
+    pods go Pending -> Running (Succeeded for Job pods), deleted pods go away."""
+    root = builder.module_dir(pins, builder.KWOK_MODULE) / "kustomize" / "stage"
+    files = [root / rel for rel in KWOK_STAGES]
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise builder.BuildError(f"KWOK stage files missing from the Go module cache: {', '.join(missing)}")
     return files
 
 

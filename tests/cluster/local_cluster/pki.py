@@ -87,3 +87,15 @@ def kubeconfig_text(server: str, pki: Path, client: str, user: str) -> str:
         f"contexts:\n- name: ppojob-local\n  context:\n    cluster: ppojob-local\n    user: {user}\n"
         "current-context: ppojob-local\n"
     )
+
+
+def kubeconfig_token_text(server: str, pki: Path, token: str) -> str:
+    """A kubeconfig that authenticates with a bearer token only."""
+    return (
+        "apiVersion: v1\nkind: Config\n"
+        f"clusters:\n- name: ppojob-local\n  cluster:\n    server: {server}\n"
+        f"    certificate-authority-data: {_b64(pki / 'ca.crt')}\n"
+        f"users:\n- name: token\n  user:\n    token: {token}\n"
+        "contexts:\n- name: ppojob-local\n  context:\n    cluster: ppojob-local\n    user: token\n"
+        "current-context: ppojob-local\n"
+    )

@@ -1,0 +1,43 @@
+"""Shared pytest fixtures: the local Kubernetes cluster (tests/cluster/local_cluster).
+
+`local_cluster` (session): attaches to a cluster already running from the default state dir
+(`make cluster-up`) and leaves it running; otherwise starts one and stops exactly the processes it
+started at the end of the session. Tests that use it are marked `@pytest.mark.cluster`.
+
+`k8s_namespace` (function): a fresh namespace on that cluster, deleted after the test.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+import pytest
+
+from local_cluster import LocalCluster
+
+
+@pytest.fixture(scope="session")
+def local_cluster():
+    """A ready LocalCluster: .kubeconfig, .bin_dir, .kubectl(*args), .helm(*args), .env(), ..."""
+    running = LocalCluster.running()
+    if running is not None:
+        yield running
+        return
+    cluster = LocalCluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def k8s_namespace(local_cluster, request):
+    """Name of a new namespace for this test; deleted (without waiting) afterwards."""
+    stem = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-")
+    name = f"{stem}-{uuid.uuid4().hex[:6]}"
+    local_cluster.kubectl("create", "namespace", name)
+    local_cluster.kubectl("wait", "--for=create", "serviceaccount/default",
+                          "-n", name, "--timeout=60s")
+    yield name
+    local_cluster.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
