@@ -41,8 +41,9 @@ def train(spec: PPOJobSpec, *, roles: Roles, sampler: PromptSampler, state: Trai
                 roles.rollout.call("sleep")
         with timer("log_probs"):  # once per step, for both critic and actor: one reward definition
             old_log_probs = roles.actor.async_call("log_probs", *batch)
+            ray.wait(old_log_probs, num_returns=len(old_log_probs))  # one role on the device at a time
             ref_log_probs = roles.ref.async_call("log_probs", *batch)
-            ray.wait([*old_log_probs, *ref_log_probs], num_returns=2 * roles.actor.world_size)
+            ray.wait(ref_log_probs, num_returns=len(ref_log_probs))
         values = critic_stats = actor_stats = None
         if roles.critic is not None:
             status.stage(Stage.CRITIC_TRAIN, state=state)
@@ -101,14 +102,18 @@ def save_checkpoint(roles: Roles, checkpoints: CheckpointManager, state: Trainer
     started = time.perf_counter()
     temp = checkpoints.begin(state.step)
     try:
-        trained = [g for g in (roles.actor, roles.critic) if g is not None]
-        ray.get([ref for g in trained for ref in g.async_call("save", str(temp))])
+        save_roles(roles, temp)
         state.sampler, state.rng = sampler.state_dict(), capture_rng()
         path = checkpoints.commit(temp, state)
     except BaseException:
         checkpoints.abort(temp)
         raise
     status.checkpoint(step=state.step, path=str(path), seconds=time.perf_counter() - started)
+
+
+def save_roles(roles: Roles, directory) -> None:
+    trained = [g for g in (roles.actor, roles.critic) if g is not None]
+    ray.get([ref for g in trained for ref in g.async_call("save", str(directory))])
 
 
 def load_prompts(spec: PPOJobSpec):
@@ -119,31 +124,42 @@ def load_prompts(spec: PPOJobSpec):
 
 def run(spec: PPOJobSpec, *, reporter: Reporter, checkpoint_dir: str | None, resume: bool,
         use_gpus: bool, cpu_ranks: int = 1, attempt: int = 0) -> TrainerState:
-    """Build the roles, restore the latest checkpoint when resuming, and train to the end."""
-    checkpoints = CheckpointManager(checkpoint_dir, keep=spec.checkpoint.keep) if checkpoint_dir else None
-    sampler = PromptSampler(load_prompts(spec), spec.rollout.batch_size, seed=spec.seed)
+    """Place and build the roles, run the job on them, and release them."""
     layout = compute_layout(spec, use_gpus=use_gpus, cpu_ranks=cpu_ranks)
     roles = build_roles(spec, layout, timeout=spec.scheduling.schedule_timeout_seconds)
     try:
-        state = TrainerState()
-        latest = checkpoints.latest() if (checkpoints and resume) else None
-        if latest is not None:
-            state = checkpoints.load_state(latest)
-            sampler.load_state_dict(state.sampler)
-            restore_rng(state.rng)
-            trained = [g for g in (roles.actor, roles.critic) if g is not None]
-            ray.get([ref for g in trained for ref in g.async_call("load", str(latest))])
-            reporter.event("note", line=f"resumed from {latest} at step {state.step}", path=str(latest))
-        status = ProgressTracker(reporter=reporter, poll=roles.poll, total_steps=spec.ppo.num_rollouts,
-                                 critic_only_steps=spec.ppo.num_critic_only_steps,
-                                 with_critic=roles.critic is not None, state=state, attempt=attempt)
-        if latest is not None:  # fresh engines hold the initial weights; restored ones must be sent
-            status.stage(Stage.WEIGHT_SYNC, state=state)
-            roles.sync_weights()
-        try:
-            return train(spec, roles=roles, sampler=sampler, state=state, status=status, checkpoints=checkpoints)
-        except Exception as exc:
-            status.finish(error=f"{type(exc).__name__}: {exc}")
-            raise
+        return run_on(roles, spec, reporter=reporter, checkpoint_dir=checkpoint_dir, resume=resume, attempt=attempt)
     finally:
         roles.shutdown()
+
+
+def run_on(roles: Roles, spec: PPOJobSpec, *, reporter: Reporter, checkpoint_dir: str | None,
+           resume: bool = False, attempt: int = 0) -> TrainerState:
+    """Run the job on built roles: restore the latest checkpoint when resuming, then train to the end."""
+    checkpoints = CheckpointManager(checkpoint_dir, keep=spec.checkpoint.keep) if checkpoint_dir else None
+    sampler = PromptSampler(load_prompts(spec), spec.rollout.batch_size, seed=spec.seed)
+    state = TrainerState()
+    latest = checkpoints.latest() if (checkpoints and resume) else None
+    if latest is not None:
+        state = checkpoints.load_state(latest)
+        sampler.load_state_dict(state.sampler)
+        restore_rng(state.rng)
+        restore_roles(roles, latest)
+        reporter.event("note", line=f"resumed from {latest} at step {state.step}", path=str(latest))
+    status = ProgressTracker(reporter=reporter, poll=roles.poll, total_steps=spec.ppo.num_rollouts,
+                             critic_only_steps=spec.ppo.num_critic_only_steps,
+                             with_critic=roles.critic is not None, state=state, attempt=attempt)
+    if latest is not None:  # fresh engines hold the initial weights; restored ones must be sent
+        status.stage(Stage.WEIGHT_SYNC, state=state)
+        roles.sync_weights()
+    try:
+        return train(spec, roles=roles, sampler=sampler, state=state, status=status, checkpoints=checkpoints)
+    except Exception as exc:
+        status.finish(error=f"{type(exc).__name__}: {exc}")
+        raise
+
+
+def restore_roles(roles: Roles, directory) -> None:
+    """Load the actor's and critic's state (model, optimizer, RNG) from a checkpoint directory."""
+    trained = [g for g in (roles.actor, roles.critic) if g is not None]
+    ray.get([ref for g in trained for ref in g.async_call("load", str(directory))])

@@ -10,8 +10,6 @@ Ray except through `roles/link.py`.
 
 from __future__ import annotations
 
-import hashlib
-
 import torch
 
 from ppo_trainer.algorithms import load_advantage_function, masked_mean, masked_whiten, policy_loss
@@ -118,15 +116,6 @@ class ActorWorker(RoleWorker):
 
     def link_state(self) -> str | None:
         return self.link.state if self.link is not None else None
-
-    def weights_digest(self) -> str:
-        """A hash of the policy's weights: tells whether the actor changed."""
-        digest = hashlib.sha256()
-        with self.turn("hash weights"):
-            for name, tensor in self.backend.named_weights():
-                digest.update(name.encode())
-                digest.update(tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
-        return digest.hexdigest()
 
     def received_external_data(self) -> CriticOutput | None:
         """What the last `train` received as `external_data` (for tests and debugging)."""
