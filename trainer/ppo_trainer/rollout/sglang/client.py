@@ -116,6 +116,23 @@ class SGLangClient:
             )
         return answer
 
+    def generate_one(self, input_ids: list[int], sampling_params: dict[str, Any]) -> dict[str, Any]:
+        """POST /generate for one prompt: the form sglang_router 0.3.2 balances (it refuses a list
+        of sampling_params, and sends a whole batch to one worker)."""
+        body = {
+            "input_ids": input_ids,
+            "sampling_params": sampling_params,
+            "return_logprob": True,
+            "logprob_start_len": -1,
+            "stream": False,
+        }
+        answer = self._call("POST", "/generate", body, repeatable=True)
+        if not isinstance(answer, dict):
+            raise RolloutServerError(
+                server=self.url, call="/generate", reason=f"expected one result object, got {type(answer).__name__}"
+            )
+        return answer
+
     def pause_generation(self, *, mode: str = "abort") -> None:
         """POST /pause_generation: stop taking new work ('abort' also aborts what is running)."""
         self._call("POST", "/pause_generation", {"mode": mode}, repeatable=True)

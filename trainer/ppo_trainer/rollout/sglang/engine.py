@@ -1,7 +1,8 @@
 """`SGLangRolloutEngine`: the RolloutEngine protocol over one or more running SGLang servers.
 
-`generate` sends the token prompts to the router when there is one, else splits them over the
-servers in contiguous shards sent in parallel, and turns the answers (`output_ids`,
+`generate` sends the token prompts to the router when there is one (one request per prompt, so
+that it balances them), else splits them over the servers in contiguous batched shards sent in
+parallel, and turns the answers (`output_ids`,
 `meta_info.output_token_logprobs`) into a right-padded `Generation`. SGLang's returned
 log-probs are those of the sampled token under logits / temperature (under the raw logits when
 greedy), the same convention as the built-in engine, provided SGLANG_RETURN_ORIGINAL_LOGPROB is
@@ -28,6 +29,9 @@ import torch.multiprocessing
 from ppo_trainer.offload import Residency, Transition
 from ppo_trainer.rollout.base import Generation, SamplingParams
 from ppo_trainer.rollout.sglang.client import DEFAULT_GROUP, RolloutServerError, SGLangClient
+
+ROUTER_CONCURRENCY = 64
+"""Requests in flight at once through the router (one per prompt, so that it can balance them)."""
 
 
 def prompt_seed(seed: int, index: int) -> int:
@@ -87,7 +91,9 @@ class SGLangRolloutEngine:
             for i in range(len(prompts))
         ]
         if self.router is not None:
-            results = self._parse(self.router, self.router.generate(prompts, sampling))
+            with ThreadPoolExecutor(max_workers=min(len(prompts), ROUTER_CONCURRENCY)) as pool:
+                answers = list(pool.map(self.router.generate_one, prompts, sampling))
+            results = self._parse(self.router, answers)
         else:
             shards = _shard(len(prompts), len(self.servers))
             futures = [
