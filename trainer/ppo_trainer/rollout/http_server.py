@@ -184,7 +184,7 @@ class BuiltinServer:
         with self.engine_lock:
             received = []
             for weight_name, dtype, shape in zip(body["names"], dtypes, body["shapes"]):
-                tensor = torch.empty(shape, dtype=dtype)
+                tensor = torch.empty(shape, dtype=dtype, device=self.engine.device)
                 dist.broadcast(tensor, group_src=0, group=group)
                 received.append((weight_name, tensor))
             try:
@@ -387,11 +387,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=30000)
     parser.add_argument("--tp-size", "--tensor-parallel-size", dest="tp_size", type=int, default=1)
     parser.add_argument("--mem-fraction-static", type=float, default=None, help="accepted, unused on a CPU")
-    parser.add_argument("--base-gpu-id", type=int, default=0, help="accepted, unused on a CPU")
+    parser.add_argument("--base-gpu-id", type=int, default=0, help="the GPU to serve on with --device cuda")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--random-seed", type=int, default=None)
     parser.add_argument("--model-seed", type=int, default=None, help="seed of builtin:tiny's random weights (default: --random-seed)")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--skip-tokenizer-init", action="store_true")
     parser.add_argument("--enable-memory-saver", action="store_true", help="accepted; release/resume always work here")
     parser.add_argument("--enable-weights-cpu-backup", action="store_true", help="accepted; released weights are always kept")
@@ -412,7 +412,11 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--tp-size {args.tp_size}: the built-in server runs one device; use --tp-size 1")
     logging.basicConfig(level=args.log_level.upper(), format="[%(asctime)s] %(name)s: %(message)s")
     seed = args.model_seed if args.model_seed is not None else (args.random_seed or 0)
-    engine = TorchRolloutEngine(model_spec=_model_spec(args), device=args.device, seed=seed)
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        device = torch.device("cuda", args.base_gpu_id)
+        torch.cuda.set_device(device)  # the device NCCL groups made here (weight updates) use
+    engine = TorchRolloutEngine(model_spec=_model_spec(args), device=device, seed=seed)
     state = BuiltinServer(args=args, engine=engine)
     httpd = ThreadingHTTPServer((args.host, args.port), make_handler(state))
     httpd.daemon_threads = True

@@ -190,7 +190,7 @@ def launch_engine_server(
     (same arguments; builtin:tiny is served as is).
     """
     if builtin:
-        model_path, base = spec.model.path, 0
+        model_path, base = spec.model.path, base_gpu_id or 0
     else:
         model_path = resolve_sglang_model_path(spec)
         base = base_gpu_id if base_gpu_id is not None else compute_base_gpu_id(
