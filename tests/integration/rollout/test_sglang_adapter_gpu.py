@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from ppojob_api.spec import PPOJobSpec
 from ppo_trainer.models.builtin import build_policy
 from ppo_trainer.rollout.base import SamplingParams
 from ppo_trainer.rollout.sglang.engine import SGLangRolloutEngine
 from ppo_trainer.rollout.sglang.launcher import launch_engine_server
 from ppo_trainer.rollout.torch_engine import TorchRolloutEngine
 from ppo_trainer.rollout.weight_sync import DistributedWeightSync
+from ppojob_api.spec import PPOJobSpec
 
 pytestmark = [
     pytest.mark.gpu,
