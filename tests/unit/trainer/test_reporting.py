@@ -1,0 +1,116 @@
+"""Reporters: the PPOJob status patch body, throttling with a fake transport, errors that never crash."""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import replace
+
+from ppojob_api.vocabulary import RolloutResidency, Stage, TrainResidency
+from ppo_trainer.reporting import CheckpointInfo, JsonLinesReporter, Progress
+from ppo_trainer.reporting_k8s import KubernetesReporter, status_patch
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def progress(**changes) -> Progress:
+    base = Progress(total_steps=10, critic_only_steps=2, attempt=1, step=3, critic_only_steps_done=2,
+                    stage=Stage.CRITIC_TRAIN, actor=TrainResidency.OFFLOADED, critic=TrainResidency.ON_DEVICE,
+                    rollout=RolloutResidency.ASLEEP, weight_syncs_skipped=2)
+    return replace(base, **changes)
+
+
+def reporter(clock: Clock, sent: list, **kwargs) -> KubernetesReporter:
+    return KubernetesReporter(sent.append, min_interval=10, heartbeat_seconds=None, clock=clock, **kwargs)
+
+
+def test_reporting_patch_body_matches_crd_progress():
+    p = progress(metrics={"rewardMean": 0.5}, last_checkpoint=CheckpointInfo(step=2, path="/c/step-2", time="t"))
+    body = status_patch(p, now="2026-01-01T00:00:00Z")
+    assert body == {"status": {"progress": {
+        "attempt": 1, "step": 3, "totalSteps": 10, "criticOnlyStepsDone": 2, "criticOnlySteps": 2,
+        "steps": "3/10", "warmup": "2/2", "stage": "CriticTrain", "actor": "Offloaded", "critic": "OnDevice",
+        "rollout": "Asleep", "offload": "actor=Offloaded critic=OnDevice rollout=Asleep",
+        "weightSyncsSkipped": 2, "finished": False, "metrics": {"rewardMean": 0.5},
+        "lastCheckpoint": {"step": 2, "path": "/c/step-2", "time": "t"},
+        "heartbeatTime": "2026-01-01T00:00:00Z", "error": None,
+    }}}
+
+
+def test_reporting_throttles_but_flushes_what_matters():
+    clock, sent = Clock(), []
+    k8s = reporter(clock, sent)
+    k8s.report(progress(stage=Stage.GENERATE))  # first: sent
+    k8s.report(progress(stage=Stage.CRITIC_TRAIN))  # within the interval: held
+    k8s.report(progress(stage=Stage.ACTOR_TRAIN))  # held
+    assert len(sent) == 1
+    k8s.report(progress(step=4, stage=Stage.GENERATE))  # a step starts: sent at once
+    k8s.report(progress(step=4, stage=Stage.CHECKPOINT, last_checkpoint=CheckpointInfo(4, "/c", "t")))
+    assert [b["status"]["progress"]["stage"] for b in sent] == ["Generate", "Generate", "Checkpoint"]
+    clock.now = 11
+    k8s.report(progress(step=4, stage=Stage.WEIGHT_SYNC, last_checkpoint=CheckpointInfo(4, "/c", "t")))
+    assert sent[-1]["status"]["progress"]["stage"] == "WeightSync"  # the interval passed
+    k8s.report(progress(step=10, stage=Stage.DONE, finished=True, last_checkpoint=CheckpointInfo(4, "/c", "t")))
+    assert sent[-1]["status"]["progress"]["finished"] is True
+
+
+def test_reporting_close_sends_the_held_snapshot():
+    clock, sent = Clock(), []
+    k8s = reporter(clock, sent)
+    k8s.report(progress(stage=Stage.GENERATE))
+    k8s.report(progress(stage=Stage.ACTOR_TRAIN))
+    k8s.close()
+    assert [b["status"]["progress"]["stage"] for b in sent] == ["Generate", "ActorTrain"]
+
+
+def test_reporting_error_is_flushed():
+    clock, sent = Clock(), []
+    k8s = reporter(clock, sent)
+    k8s.report(progress(stage=Stage.GENERATE))
+    k8s.report(progress(stage=Stage.GENERATE, error="ValueError: boom"))
+    assert sent[-1]["status"]["progress"]["error"] == "ValueError: boom"
+
+
+def test_reporting_api_errors_never_crash_training(caplog):
+    clock = Clock()
+
+    def failing(body):
+        raise ConnectionError("API server unreachable")
+
+    k8s = KubernetesReporter(failing, min_interval=0, heartbeat_seconds=None, clock=clock)
+    k8s.report(progress())
+    k8s.report(progress(step=4, stage=Stage.GENERATE))
+    k8s.close()
+    assert k8s.failures == 2 and "training goes on" in caplog.text
+
+
+def test_reporting_heartbeat_resends_when_quiet():
+    import time
+
+    sent = []
+    k8s = KubernetesReporter(sent.append, min_interval=10, heartbeat_seconds=0.2)
+    k8s.report(progress(stage=Stage.GENERATE))
+    time.sleep(1.3)
+    k8s.close()
+    assert len(sent) >= 2 and len({b["status"]["progress"]["heartbeatTime"] for b in sent}) >= 1
+
+
+def test_reporting_from_environment_is_off_outside_a_job(monkeypatch):
+    monkeypatch.delenv("PPOJOB_NAME", raising=False)
+    assert KubernetesReporter.from_environment() is None
+
+
+def test_reporting_json_lines_one_object_per_call():
+    stream = io.StringIO()
+    json_lines = JsonLinesReporter(stream)
+    json_lines.report(progress())
+    json_lines.event("transition", role="actor", frm="OnDevice", to="Offloaded", seconds=0.1)
+    first, second = (json.loads(line) for line in stream.getvalue().splitlines())
+    assert first["kind"] == "progress" and first["warmup"] == "2/2" and first["offload"].startswith("actor=")
+    assert second == {**second, "kind": "transition", "role": "actor", "to": "Offloaded"}
