@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
 from ppojob_api.spec import PPOJobSpec, SpecError, spec_from_manifest
 
 EXIT_CONFIG = 2
@@ -113,7 +112,7 @@ def build_reporter(*, run_dir: Path, total_steps: int, initial: int, as_json: bo
         if sys.stdout.isatty() and not as_json
         else JsonLinesReporter(sys.stdout)
     )
-    reporters = [console, JsonLinesReporter(open(run_dir / "events.jsonl", "a"))]
+    reporters = [console, JsonLinesReporter(open(run_dir / "events.jsonl", "a"))]  # noqa: SIM115 (closed by the reporter)
     kubernetes = KubernetesReporter.from_environment()
     if kubernetes is not None:
         reporters.append(kubernetes)
@@ -169,7 +168,7 @@ def _run(spec: PPOJobSpec, args: argparse.Namespace, *, run_dir: Path, checkpoin
     except CustomAdvantageError as exc:
         print(f"ppo-train: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 (any failure: one line, exit 1; the reporter has the details)
         print(f"ppo-train: the run failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     finally:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from ppojob_api.vocabulary import RolloutResidency, Stage, TrainResidency
+
 from ppo_trainer.checkpoint import TrainerState
 from ppo_trainer.metrics import StepMetrics
 from ppo_trainer.offload import Transition

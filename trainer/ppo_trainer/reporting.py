@@ -13,14 +13,14 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import asdict, dataclass, field, is_dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import IO, Any, Protocol
 
 from ppojob_api.vocabulary import RolloutResidency, Stage, TrainResidency
 
 
 def utc_now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,7 @@ def _jsonable(value: Any) -> Any:
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
-    if hasattr(value, "value") and isinstance(getattr(value, "value"), str):
+    if hasattr(value, "value") and isinstance(value.value, str):
         return value.value
     return value
 

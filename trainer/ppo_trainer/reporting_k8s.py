@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ppojob_api.vocabulary import GROUP, PLURAL, VERSION, Stage
+
 from ppo_trainer.reporting import Progress, utc_now
 
 log = logging.getLogger(__name__)
@@ -122,7 +123,7 @@ class KubernetesReporter:
         try:
             self._patch(status_patch(progress, now=utc_now()))
             self.sent += 1
-        except Exception as exc:  # an API error must never stop training
+        except Exception as exc:  # noqa: BLE001 (an API error must never stop training)
             self.failures += 1
             log.warning("could not patch the PPOJob status (%s: %s); training goes on", type(exc).__name__, exc)
         self._last_sent_at = self.clock()

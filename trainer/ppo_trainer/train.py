@@ -13,9 +13,9 @@ from __future__ import annotations
 import time
 
 import ray
-
 from ppojob_api.spec import PPOJobSpec
 from ppojob_api.vocabulary import Stage
+
 from ppo_trainer.checkpoint import CheckpointManager, TrainerState, capture_rng, restore_rng
 from ppo_trainer.data import PromptSampler, load_jsonl_prompts, synthetic_prompts
 from ppo_trainer.metrics import StageTimer, StepMetrics

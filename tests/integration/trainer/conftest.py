@@ -9,16 +9,14 @@ from __future__ import annotations
 import tempfile
 
 import pytest
-
 from ppo_trainer.cli import configure_ray_auth
 
 configure_ray_auth(joining=False)
 
-import ray  # noqa: E402  (after the auth variables are set)
-
-from ppojob_api.spec import PPOJobSpec, parse_spec  # noqa: E402
-from ppo_trainer.roles.build import build_roles, compute_layout  # noqa: E402
-from ppo_trainer.train import restore_roles, save_roles  # noqa: E402
+import ray
+from ppo_trainer.roles.build import build_roles, compute_layout
+from ppo_trainer.train import restore_roles, save_roles
+from ppojob_api.spec import PPOJobSpec, parse_spec
 
 
 def _merge(base: dict, overrides: dict) -> dict:

@@ -4,7 +4,6 @@ Disaggregated weight-sync link disconnected before the actor sleeps and connecte
 from __future__ import annotations
 
 from conftest import tiny_spec
-
 from ppo_trainer.reporting import Recorder
 from ppo_trainer.roles.build import build_roles, compute_layout
 from ppo_trainer.train import run_on

@@ -6,7 +6,6 @@ import random
 
 import pytest
 import torch
-
 from ppo_trainer.checkpoint import (
     CheckpointError,
     CheckpointManager,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from ppo_trainer.offload import OffloadError, Residency
 
 

@@ -6,9 +6,9 @@ import io
 import json
 from dataclasses import replace
 
-from ppojob_api.vocabulary import RolloutResidency, Stage, TrainResidency
 from ppo_trainer.reporting import CheckpointInfo, JsonLinesReporter, Progress
 from ppo_trainer.reporting_k8s import KubernetesReporter, status_patch
+from ppojob_api.vocabulary import RolloutResidency, Stage, TrainResidency
 
 
 class Clock:

@@ -11,7 +11,6 @@ Ray except through `roles/link.py`.
 from __future__ import annotations
 
 import torch
-
 from ppo_trainer.algorithms import load_advantage_function, masked_mean, masked_whiten, policy_loss
 from ppo_trainer.batch import CriticOutput, RolloutBatch
 from ppo_trainer.offload import Residency

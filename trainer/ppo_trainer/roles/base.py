@@ -16,12 +16,11 @@ import os
 from collections.abc import Iterator
 
 import torch
-
-from ppojob_api.spec import PPOJobSpec
-from ppojob_api.vocabulary import TrainBackend as BackendKind
 from ppo_trainer.backends.base import TrainBackend
 from ppo_trainer.batch import RolloutBatch
 from ppo_trainer.offload import Residency, Transition
+from ppojob_api.spec import PPOJobSpec
+from ppojob_api.vocabulary import TrainBackend as BackendKind
 
 
 def build_backend(spec: PPOJobSpec, *, role: str, device: str) -> TrainBackend:

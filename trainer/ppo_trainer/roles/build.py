@@ -14,17 +14,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import ray
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-from ppojob_api.spec import PPOJobSpec
-from ppojob_api.vocabulary import Placement
 from ppo_trainer.offload import Transition
 from ppo_trainer.roles.actor import ActorWorker
 from ppo_trainer.roles.critic import CriticWorker
 from ppo_trainer.roles.group import RoleGroup
 from ppo_trainer.roles.ref import RefWorker
 from ppo_trainer.roles.rollout import RolloutWorker
+from ppojob_api.spec import PPOJobSpec
+from ppojob_api.vocabulary import Placement
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 
 class PlacementError(RuntimeError):
@@ -156,7 +155,7 @@ def build_roles(spec: PPOJobSpec, layout: Layout, *, timeout: float) -> Roles:
         for rank in range(layout.rollout_engines)
     ]
     share, ranks = layout.share(shared=True), range(layout.train_ranks)
-    common = dict(world_size=layout.train_ranks, device=layout.device, offload=offload)
+    common = {"world_size": layout.train_ranks, "device": layout.device, "offload": offload}
     link = None if layout.colocate else engines
 
     def group(cls, role: str, **extra) -> RoleGroup:

@@ -11,12 +11,9 @@ Engines are built by `build_engine`, the one place that knows which class serves
 from __future__ import annotations
 
 import time
+
 import torch
 import torch.nn.functional as F
-
-from ppojob_api.spec import PPOJobSpec
-from ppojob_api.vocabulary import RewardType
-from ppojob_api.vocabulary import RolloutEngine as EngineKind
 from ppo_trainer.batch import RolloutBatch
 from ppo_trainer.data import Prompt
 from ppo_trainer.offload import Residency, Transition
@@ -24,6 +21,9 @@ from ppo_trainer.rewards import build_reward
 from ppo_trainer.roles.base import use_all_cores
 from ppo_trainer.rollout.base import RolloutEngine, SamplingParams
 from ppo_trainer.rollout.layout import build_rollout_batch
+from ppojob_api.spec import PPOJobSpec
+from ppojob_api.vocabulary import RewardType
+from ppojob_api.vocabulary import RolloutEngine as EngineKind
 
 REWARD_KINDS = {RewardType.SYNTHETIC: "synthetic", RewardType.EXACT_ANSWER: "exact_answer", RewardType.CUSTOM: "custom"}
 

@@ -14,8 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-
-from ppojob_api.spec import PPOSpec
 from ppo_trainer.algorithms import (
     AdvantageInputs,
     compute_custom_advantages,
@@ -25,6 +23,7 @@ from ppo_trainer.algorithms import (
     masked_mean,
 )
 from ppo_trainer.batch import RolloutBatch
+from ppojob_api.spec import PPOSpec
 
 
 class TargetMismatchError(RuntimeError):
