@@ -152,7 +152,7 @@ def test_colocated_update_weights_from_tensor_is_refused_by_the_builtin_server(e
     with pytest.raises(RolloutServerError, match="update_weights_from_tensor failed: .*not supported") as caught:
         engine.update_weights(weights(MODEL_SEED)[:2])
     assert caught.value.status == 400
-    engine.continue_generation()  # update_weights paused the servers before the refusal
+    engine.generate(PROMPTS[:1], GREEDY)  # the servers were paused for the update and continued after it
 
 
 def test_paused_server_holds_generation_until_continue(engine):

@@ -195,6 +195,16 @@ class DistributedWeightSync:
         device = "cpu" if self.backend == "gloo" else None
         named = [(name, t.detach().to(device or t.device).contiguous()) for name, t in named_tensors]
         self._on_all("pause_generation")
+        try:
+            self._send(named)
+            self._on_all("flush_cache")
+        except BaseException:
+            # The failure is what the step reports; the servers must still not stay paused.
+            _wait_all([self._pool.submit(t.continue_generation) for t in self.targets], swallow=True)
+            raise
+        self._on_all("continue_generation")
+
+    def _send(self, named: list[tuple[str, torch.Tensor]]) -> None:
         for bucket in buckets(named, bucket_bytes=self.bucket_bytes):
             receiving = [
                 self._pool.submit(
@@ -213,8 +223,6 @@ class DistributedWeightSync:
                 _wait_all(receiving, swallow=True)
                 raise
             _wait_all(receiving)
-        self._on_all("flush_cache")
-        self._on_all("continue_generation")
 
     def _on_all(self, method: str) -> None:
         _wait_all([self._pool.submit(getattr(t, method)) for t in self.targets])

@@ -109,18 +109,24 @@ class SGLangRolloutEngine:
         """Colocated: hand the tensors to every server by CUDA IPC (/update_weights_from_tensor).
 
         The tensors must live on the GPU the server shares with this process; CPU tensors are
-        moved to the current CUDA device first. The servers pause, load, flush and continue.
+        moved to the current CUDA device first. The servers pause, load, flush and continue
+        (continue also after a failure, which is raised).
         """
         device = "cuda" if torch.cuda.is_available() else None
         named = [(name, t.detach().to(device) if device else t.detach()) for name, t in named_tensors]
         payload = serialize_named_tensors(named)
         self._on_all("pause_generation")
-        self._on_all(
-            "update_weights_from_tensor",
-            serialized_named_tensors=[payload] * self.tensor_parallel,
-            flush_cache=False,
-        )
-        self._on_all("flush_cache")
+        try:
+            self._on_all(
+                "update_weights_from_tensor",
+                serialized_named_tensors=[payload] * self.tensor_parallel,
+                flush_cache=False,
+            )
+            self._on_all("flush_cache")
+        except BaseException:
+            # The failure is what the step reports; the servers must still not stay paused.
+            self._on_all("continue_generation", quiet=True)
+            raise
         self._on_all("continue_generation")
 
     def sleep(self) -> None:
@@ -180,9 +186,12 @@ class SGLangRolloutEngine:
 
     # --- helpers -----------------------------------------------------------------------------------
 
-    def _on_all(self, method: str, **kwargs: Any) -> None:
+    def _on_all(self, method: str, *, quiet: bool = False, **kwargs: Any) -> None:
+        """Call `method` on every server at once; raise the first failure unless `quiet`."""
         futures = [self._pool.submit(getattr(server, method), **kwargs) for server in self.servers]
-        _first_error([f.exception() for f in futures])
+        errors = [f.exception() for f in futures]
+        if not quiet:
+            _first_error(errors)
 
     def _parse(self, server: SGLangClient, results: list[dict]) -> list[tuple[list[int], list[float]]]:
         rows = []
