@@ -43,8 +43,8 @@ PORTS: dict[str, int] = {
 }
 
 GANG_SCHEDULER_NAME = "scheduler-plugins-scheduler"
-SERVICE_CIDR = "10.96.0.0/16"
-POD_CIDR = "10.244.0.1/16"
+SERVICE_CIDR = "127.96.0.0/16"
+POD_CIDR = "127.244.0.1/16"
 
 
 class ClusterError(RuntimeError):
@@ -269,7 +269,8 @@ class LocalCluster:
             print(text, file=out, flush=True)
 
     def _start(self, timeout: float, out) -> None:
-        t0 = time.monotonic()
+        t0 = self._t0 = time.monotonic()
+        self._ready_at: dict[str, float] = {}
         builder.build(self.pins, out=out) if out is not None else builder.build(self.pins, out=open(os.devnull, "w"))
         self.state_dir.mkdir(parents=True, exist_ok=True)
         stale = self._read_record()
@@ -296,10 +297,15 @@ class LocalCluster:
             self._spawn("kube-apiserver", self._apiserver_args(pki), record)
             self._wait("kube-apiserver", self.apiserver_ready, deadline)
             t_api = time.monotonic()
-            self._apply_crds()
-            for name, args in self._component_args(pki).items():
-                self._spawn(name, args, record)
+            components = self._component_args(pki)
+            # These need no CRD: start them while the CRDs are applied.
+            for name in ("kube-controller-manager", "kube-scheduler", "kwok"):
+                self._spawn(name, components.pop(name), record)
             self.apply(manifests.fake_nodes(self.pins.values))
+            self._apply_crds()
+            self._ready_at["CRDs established"] = round(time.monotonic() - t0, 1)
+            for name, args in components.items():  # the gang scheduler, its controller and KubeRay watch CRDs
+                self._spawn(name, args, record)
             for name, check in self._checks().items():
                 self._wait(name, check, deadline)
             self._wait("fake nodes Ready (kwok)", self._nodes_ready, deadline, log_name="kwok")
@@ -311,7 +317,9 @@ class LocalCluster:
         record["ready"] = True
         record["started_s"] = round(time.monotonic() - t0, 1)
         record["apiserver_ready_s"] = round(t_api - t0, 1)
+        record["ready_at_s"] = self._ready_at
         self._write_record(record)
+        self._say(out, "ready at (s since start): " + ", ".join(f"{k} {v}" for k, v in self._ready_at.items()))
         self._say(out, f"local cluster ready in {record['started_s']}s "
                        f"(API server ready after {record['apiserver_ready_s']}s)")
         self._say(out, f"kubeconfig: {self.kubeconfig}")
@@ -331,6 +339,12 @@ class LocalCluster:
 
     def _wait(self, name: str, check, deadline: float, log_name: str | None = None) -> None:
         log = self.log_dir / f"{log_name or name}.log"
+        try:
+            self._wait_loop(name, check, deadline, log)
+        finally:
+            self._ready_at[name] = round(time.monotonic() - self._t0, 1)
+
+    def _wait_loop(self, name: str, check, deadline: float, log: Path) -> None:
         while True:
             for pname, proc in self._popen.items():
                 if proc.poll() is not None:

@@ -17,6 +17,7 @@ CRD_NAMES = (
     "rayjobs.ray.io",
     "rayservices.ray.io",
     "podgroups.scheduling.x-k8s.io",
+    "elasticquotas.scheduling.x-k8s.io",
 )
 
 
@@ -58,11 +59,13 @@ def fake_nodes(pins_values: dict[str, str]) -> str:
 
 
 def crd_files(pins: Pins) -> list[Path]:
-    """KubeRay's CRDs and the PodGroup CRD, straight from the module cache (never copied into the repo)."""
+    """KubeRay's CRDs and scheduler-plugins' PodGroup and ElasticQuota CRDs, straight from the module cache (never copied into the repo)."""
     kuberay = builder.module_dir(pins, builder.KUBERAY_MODULE)
     plugins = builder.module_dir(pins, builder.SCHEDULER_PLUGINS_MODULE)
     files = [kuberay / "config" / "crd" / "bases" / f"ray.io_{kind}.yaml" for kind in ("rayclusters", "rayjobs", "rayservices")]
     files.append(plugins / "manifests" / "coscheduling" / "crd.yaml")
+    # The scheduler-plugins controller also watches ElasticQuota; without its CRD it exits.
+    files.append(plugins / "manifests" / "capacityscheduling" / "crd.yaml")
     missing = [str(f) for f in files if not f.is_file()]
     if missing:
         raise builder.BuildError(f"CRD files missing from the Go module cache: {', '.join(missing)}")
