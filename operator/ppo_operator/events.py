@@ -45,7 +45,7 @@ def compute_events(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Event
         before, after = get_condition(old_conditions, type_), get_condition(new_conditions, type_)
         if after and after.get("status") == TRUE and (not before or before.get("status") != TRUE):
             events.append(_event(after["reason"], after.get("message", "")))
-    if new.get("phase") != old.get("phase") and new.get("phase"):
+    if new.get("phase") != old.get("phase") and new.get("phase") not in (None, Phase.PENDING.value):
         phase = Phase(new["phase"])
         message = new.get("message", "")
         events.append(_event(new.get("reason") or phase.value, f"{phase.value}: {message}" if message else phase.value))

@@ -100,7 +100,7 @@ def register(registry: kopf.OperatorRegistry, *, pod_group_resources: Iterable[G
     """Register every handler into `registry` (pod groups only of the enabled gang schedulers)."""
     pod_group_resources = tuple(pod_group_resources)
 
-    @kopf.on.startup(registry=registry)
+    @kopf.on.startup(registry=registry, id="configure")
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.persistence.finalizer = FINALIZER
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
@@ -111,11 +111,16 @@ def register(registry: kopf.OperatorRegistry, *, pod_group_resources: Iterable[G
         for resource in pod_group_resources:
             settings.watching.label_selectors[resource.group, resource.plural] = LABEL_JOB_NAME
 
-    @kopf.index("v1", "pods", labels=CHILD, registry=registry)
+    @kopf.on.login(registry=registry, id="login")
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        """In-cluster token or KUBECONFIG, as the kubernetes client finds them (and as `Kube` does)."""
+        return kopf.login_via_client(**kwargs)
+
+    @kopf.index("v1", "pods", labels=CHILD, registry=registry, id="ppojob_pods")
     async def ppojob_pods(namespace: str, labels: Mapping[str, str], body: kopf.Body, **_: Any):
         return {(namespace, labels[LABEL_JOB_NAME]): summarize_pod(body)}
 
-    @kopf.index("ray.io", "v1", "rayclusters", labels=CHILD, registry=registry)
+    @kopf.index("ray.io", "v1", "rayclusters", labels=CHILD, registry=registry, id="ppojob_rayclusters")
     async def ppojob_rayclusters(namespace: str, labels: Mapping[str, str], body: kopf.Body, **_: Any):
         return {(namespace, labels[LABEL_JOB_NAME]): summarize_raycluster(body)}
 
@@ -130,11 +135,11 @@ def register(registry: kopf.OperatorRegistry, *, pod_group_resources: Iterable[G
             _wake_parent
         )
 
-    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="wake_job")
     async def wake_job(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
         memo.runtime.wakers.wake(job_key(namespace, name))
 
-    @kopf.daemon(GROUP, VERSION, PLURAL, registry=registry, cancellation_timeout=10.0)
+    @kopf.daemon(GROUP, VERSION, PLURAL, registry=registry, cancellation_timeout=10.0, id="ppojob")
     async def ppojob(body: kopf.Body, namespace: str, name: str, stopped: kopf.DaemonStopped,
                      memo: kopf.Memo, logger: logging.Logger, **kwargs: Any) -> None:
         await run_job(memo.runtime, body, job_key(namespace, name), stopped, logger, kwargs)

@@ -19,7 +19,9 @@ def test_tiny_example_is_gang_scheduled_and_reports_every_phase(local_cluster, k
     ns = k8s_namespace
     operator = start_operator()
     recorder = PhaseRecorder(local_cluster, ns, "tiny")
-    apply(local_cluster, ns, tiny_manifest())
+    manifest = tiny_manifest()
+    total, warmup = manifest["spec"]["ppo"]["numRollouts"], manifest["spec"]["ppo"]["numCriticOnlySteps"]
+    apply(local_cluster, ns, manifest)
     job = wait_for("the job's uid", lambda: kget(local_cluster, "ppojob", ns, "tiny"))
     owner = {"apiVersion": "ppojob.io/v1alpha1", "kind": "PPOJob", "name": "tiny", "uid": job["metadata"]["uid"],
              "controller": True, "blockOwnerDeletion": True}
@@ -54,7 +56,7 @@ def test_tiny_example_is_gang_scheduled_and_reports_every_phase(local_cluster, k
         assert phase in seen, seen
     assert seen.index("CriticWarmup") < seen.index("Training")
     progress = job["status"]["progress"]
-    assert (progress["steps"], progress["warmup"], progress["finished"]) == ("12/12", "2/2", True)
+    assert (progress["steps"], progress["warmup"], progress["finished"]) == (f"{total}/{total}", f"{warmup}/{warmup}", True)
     assert job["status"]["children"] == {"rayCluster": "tiny-a0", "podGroup": "tiny-a0",
                                          "serviceAccount": "tiny-trainer", "submission": job["status"]["children"]["submission"]}
     assert condition(job, "Succeeded")["status"] == "True"
@@ -64,7 +66,7 @@ def test_tiny_example_is_gang_scheduled_and_reports_every_phase(local_cluster, k
 
     table = local_cluster.kubectl("get", "ppojobs", "-n", ns).stdout.splitlines()
     assert table[0].split() == ["NAME", "PHASE", "STEPS", "WARMUP", "STAGE", "OFFLOAD", "AGE"]
-    assert table[1].split()[:5] == ["tiny", "Succeeded", "12/12", "2/2", "Done"]
+    assert table[1].split()[:5] == ["tiny", "Succeeded", f"{total}/{total}", f"{warmup}/{warmup}", "Done"]
     described = local_cluster.kubectl("describe", "ppojob", "tiny", "-n", ns).stdout
     for reason in ("Created", "GangScheduled", "ClusterReady", "TrainerStarted", "CriticWarmupStep",
                    "CriticWarmupDone", "Training", "CheckpointWritten", "Succeeded", "ClusterDeleted"):

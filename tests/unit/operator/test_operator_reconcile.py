@@ -79,8 +79,9 @@ def test_first_reconcile_writes_status_then_creates_identity_pod_group_and_clust
         ("create", "RoleBinding", "tiny-trainer"),
         ("create", "PodGroup", "tiny-a0"), ("create", "RayCluster", "tiny-a0"),
     ]
-    assert [e.reason for e in events] == ["Created", "Created"]
-    assert events[1].message == "created PodGroup tiny-a0 (minMember 3) and RayCluster tiny-a0"
+    assert [(e.reason, e.message) for e in events] == [
+        ("Created", "created PodGroup tiny-a0 (minMember 3) and RayCluster tiny-a0")
+    ]
 
 
 def test_nothing_is_patched_or_created_when_nothing_changed():
