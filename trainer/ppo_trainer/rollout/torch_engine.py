@@ -17,6 +17,7 @@ from collections.abc import Iterable
 
 import torch
 from ppojob_api.spec import ModelSpec
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import DynamicCache
 
 from ppo_trainer.algorithms import log_probs_from_logits
@@ -25,6 +26,10 @@ from ppo_trainer.models.residency import HostMirror
 from ppo_trainer.models.tokenizer import load_tokenizer
 from ppo_trainer.rollout.base import Generation, SamplingParams
 from ppo_trainer.rollout.layout import left_pad, position_ids
+
+# cuDNN attention builds a new graph for every key length, i.e. at every decoding step (about
+# 2.6 ms of host time per layer per step measured on an H200): the decode loop goes without it.
+DECODE_ATTENTION_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -102,7 +107,7 @@ class TorchRolloutEngine:
                 f"longest prompt ({ids.shape[1]} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds "
                 f"the model's {limit} positions; shorten the prompts or lower max_new_tokens"
             )
-        with torch.inference_mode():
+        with torch.inference_mode(), sdpa_kernel(DECODE_ATTENTION_BACKENDS):
             return self._decode(ids.to(self.device), mask.to(self.device), params)
 
     def _decode(self, ids: torch.Tensor, mask: torch.Tensor, params: SamplingParams) -> Generation:
