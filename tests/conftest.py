@@ -13,7 +13,6 @@ import re
 import uuid
 
 import pytest
-
 from local_cluster import LocalCluster
 
 
@@ -24,11 +23,12 @@ def local_cluster():
     if running is not None:
         yield running
         return
-    cluster = LocalCluster.start()
+    cluster = LocalCluster.start()  # attaches instead if another session started one meanwhile
     try:
         yield cluster
     finally:
-        cluster.stop()
+        if cluster.owns_processes:
+            cluster.stop()
 
 
 @pytest.fixture
@@ -37,7 +37,6 @@ def k8s_namespace(local_cluster, request):
     stem = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-")
     name = f"{stem}-{uuid.uuid4().hex[:6]}"
     local_cluster.kubectl("create", "namespace", name)
-    local_cluster.kubectl("wait", "--for=create", "serviceaccount/default",
-                          "-n", name, "--timeout=60s")
+    local_cluster.kubectl("wait", "--for=create", "serviceaccount/default", "-n", name, "--timeout=60s")
     yield name
     local_cluster.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)

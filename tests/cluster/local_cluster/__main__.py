@@ -15,9 +15,13 @@ from .pins import default_state_dir, load_pins
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m local_cluster", description=__doc__)
-    parser.add_argument("--state-dir", type=Path, default=None,
-                        help="where pids, kubeconfig, certificates and logs live (default: %(default)s → "
-                             f"{default_state_dir()})")
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="where pids, kubeconfig, certificates and logs live (default: %(default)s → "
+        f"{default_state_dir()})",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="build (or validate) the cached binaries; prints timings")
     b.add_argument("--force", action="store_true", help="rebuild every binary")
@@ -54,8 +58,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "env":
             cluster = LocalCluster(state_dir=args.state_dir or default_state_dir())
-            print(f"export KUBECONFIG={shlex.quote(str(cluster.kubeconfig))}; "
-                  f"export PATH={shlex.quote(str(cluster.bin_dir))}:\"$PATH\"")
+            print(
+                f"export KUBECONFIG={shlex.quote(str(cluster.kubeconfig))}; "
+                f'export PATH={shlex.quote(str(cluster.bin_dir))}:"$PATH"'
+            )
             return 0
         if args.command == "status":
             cluster = LocalCluster(state_dir=args.state_dir or default_state_dir())

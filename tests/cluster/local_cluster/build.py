@@ -74,14 +74,14 @@ def _run(cmd: list[str], cwd: Path, log: Path) -> None:
     with log.open("a") as out:
         out.write(f"\n$ (cd {cwd} && {' '.join(cmd)})\n")
         out.flush()
-        result = subprocess.run(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=go_env())
+        result = subprocess.run(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=go_env(), check=False)
     if result.returncode != 0:
         tail = "".join(log.read_text().splitlines(keepends=True)[-25:])
         raise BuildError(f"`{' '.join(cmd)}` failed in {cwd} (exit {result.returncode}); log: {log}\n{tail}")
 
 
 def _go_output(args: list[str], cwd: Path) -> str:
-    result = subprocess.run(["go", *args], cwd=cwd, capture_output=True, text=True, env=go_env())
+    result = subprocess.run(["go", *args], cwd=cwd, capture_output=True, text=True, env=go_env(), check=False)
     if result.returncode != 0:
         raise BuildError(f"`go {' '.join(args)}` failed in {cwd}:\n{result.stderr.strip()}")
     return result.stdout
@@ -114,7 +114,9 @@ def write_k8s_module(pins: Pins, src: Path) -> None:
         f"\tgithub.com/ray-project/kuberay/ray-operator {pins['KUBERAY_VERSION']}\n"
         ")\n\nreplace (\n" + "\n".join(replaces) + "\n)\n"
     )
-    imports = "".join(f'\t_ "{b.package}"\n' for b in BINARIES if b.module == "k8s" and not b.package.startswith("."))
+    imports = "".join(
+        f'\t_ "{b.package}"\n' for b in BINARIES if b.module == "k8s" and not b.package.startswith(".")
+    )
     (src / "tools.go").write_text(f"//go:build tools\n\npackage tools\n\nimport (\n{imports})\n")
     (src / "cmd" / "etcd").mkdir(parents=True, exist_ok=True)
     (src / "cmd" / "etcd" / "main.go").write_text(ETCD_MAIN)
@@ -143,8 +145,10 @@ def ldflags(binary: Binary, pins: Pins, src: Path) -> str:
     elif binary.stamp == "helm":
         client_go = _go_output(["list", "-m", "-f", "{{.Version}}", "k8s.io/client-go"], src).strip()
         minor = client_go.lstrip("v").split(".")[1]
-        flags += [f"-X helm.sh/helm/v3/internal/version.version={pins['HELM_VERSION']}",
-                  "-X helm.sh/helm/v3/internal/version.gitTreeState=clean"]
+        flags += [
+            f"-X helm.sh/helm/v3/internal/version.version={pins['HELM_VERSION']}",
+            "-X helm.sh/helm/v3/internal/version.gitTreeState=clean",
+        ]
         for pkg in ("helm.sh/helm/v3/pkg/lint/rules", "helm.sh/helm/v3/pkg/chartutil"):
             flags += [f"-X {pkg}.k8sVersionMajor=1", f"-X {pkg}.k8sVersionMinor={minor}"]
     elif binary.stamp == "kwok":
@@ -189,7 +193,9 @@ def build(pins: Pins | None = None, force: bool = False, out=sys.stdout) -> dict
         writer(pins, srcs[name])
         _run(["go", "mod", "tidy"], srcs[name], log)
         timings[f"modules:{name}"] = round(time.monotonic() - t, 1)
-        print(f"  {'go mod tidy (' + name + ')':28s} {timings[f'modules:{name}']:7.1f}s", file=out, flush=True)
+        print(
+            f"  {'go mod tidy (' + name + ')':28s} {timings[f'modules:{name}']:7.1f}s", file=out, flush=True
+        )
     for binary in BINARIES:
         target = bin_dir / binary.name
         if target.is_file() and not force:
@@ -198,17 +204,37 @@ def build(pins: Pins | None = None, force: bool = False, out=sys.stdout) -> dict
         t = time.monotonic()
         src = srcs[binary.module]
         tmp = bin_dir / f".{binary.name}.tmp"
-        _run(["go", "build", "-trimpath", "-ldflags", ldflags(binary, pins, src), "-o", str(tmp), binary.package],
-             src, log)
+        _run(
+            [
+                "go",
+                "build",
+                "-trimpath",
+                "-ldflags",
+                ldflags(binary, pins, src),
+                "-o",
+                str(tmp),
+                binary.package,
+            ],
+            src,
+            log,
+        )
         tmp.replace(target)
         timings[binary.name] = round(time.monotonic() - t, 1)
         print(f"  {binary.name:28s} {timings[binary.name]:7.1f}s", file=out, flush=True)
     total = round(time.monotonic() - started, 1)
     print(f"  {'total':28s} {total:7.1f}s", file=out, flush=True)
-    module_dirs = {m: _go_output(["list", "-m", "-f", "{{.Dir}}", m], srcs[src]).strip()
-                   for m, src in ((KUBERAY_MODULE, "k8s"), (SCHEDULER_PLUGINS_MODULE, "k8s"), (KWOK_MODULE, "tools"))}
-    record = {"key": pins.key(), "pins": pins.values, "timings_s": timings, "total_s": total,
-              "module_dirs": module_dirs, "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    module_dirs = {
+        m: _go_output(["list", "-m", "-f", "{{.Dir}}", m], srcs[src]).strip()
+        for m, src in ((KUBERAY_MODULE, "k8s"), (SCHEDULER_PLUGINS_MODULE, "k8s"), (KWOK_MODULE, "tools"))
+    }
+    record = {
+        "key": pins.key(),
+        "pins": pins.values,
+        "timings_s": timings,
+        "total_s": total,
+        "module_dirs": module_dirs,
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
     manifest_path(pins).write_text(json.dumps(record, indent=2) + "\n")
     return record
 
@@ -220,6 +246,8 @@ def module_dir(pins: Pins, module: str) -> Path:
         raise BuildError("the local cluster is not built for these pins; run `python -m local_cluster build`")
     path = Path(record.get("module_dirs", {}).get(module, ""))
     if not path.is_dir():
-        raise BuildError(f"module {module} is not in the Go module cache ({path}); "
-                         "run `python -m local_cluster build --force`")
+        raise BuildError(
+            f"module {module} is not in the Go module cache ({path}); "
+            "run `python -m local_cluster build --force`"
+        )
     return path

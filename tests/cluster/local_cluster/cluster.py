@@ -7,6 +7,9 @@ Each component runs in its own process group with its log under <state>/logs/. T
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import io
 import json
 import os
 import shutil
@@ -51,6 +54,13 @@ class ClusterError(RuntimeError):
     """A component failed to start or become ready; the message names it and its log."""
 
 
+class ToolError(subprocess.CalledProcessError):
+    """kubectl or helm failed; unlike CalledProcessError its message includes the tool's stderr."""
+
+    def __str__(self) -> str:
+        return f"{super().__str__()}\nstderr: {(self.stderr or '').strip()}"
+
+
 def _proc_start_time(pid: int) -> str | None:
     """Field 22 of /proc/<pid>/stat (start time in clock ticks), or None if no such process."""
     try:
@@ -72,6 +82,18 @@ def _port_free(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+@contextlib.contextmanager
+def _locked(state_dir: Path):
+    """Serialise start/stop between processes that share a state dir (pytest sessions, make)."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    with open(state_dir / "lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _log_tail(path: Path, lines: int = 30) -> str:
@@ -120,21 +142,26 @@ class LocalCluster:
         env["PATH"] = f"{self.bin_dir}{os.pathsep}{env.get('PATH', '')}"
         return env
 
-    def _tool(self, tool: str, args: tuple[str, ...], check: bool, input: str | None,
-              timeout: float) -> subprocess.CompletedProcess:
+    def _tool(
+        self, tool: str, args: tuple[str, ...], check: bool, input: str | None, timeout: float
+    ) -> subprocess.CompletedProcess:
         cmd = [str(self.bin_dir / tool), *args]
-        result = subprocess.run(cmd, env=self.env(), input=input, capture_output=True, text=True, timeout=timeout)
+        result = subprocess.run(
+            cmd, env=self.env(), input=input, capture_output=True, text=True, timeout=timeout, check=False
+        )
         if check and result.returncode != 0:
-            raise subprocess.CalledProcessError(result.returncode, cmd, result.stdout, result.stderr)
+            raise ToolError(result.returncode, cmd, result.stdout, result.stderr)
         return result
 
-    def kubectl(self, *args: str, check: bool = True, input: str | None = None,
-                timeout: float = 120) -> subprocess.CompletedProcess:
+    def kubectl(
+        self, *args: str, check: bool = True, input: str | None = None, timeout: float = 120
+    ) -> subprocess.CompletedProcess:
         """Run this cluster's kubectl as the admin; text output captured."""
         return self._tool("kubectl", args, check, input, timeout)
 
-    def helm(self, *args: str, check: bool = True, input: str | None = None,
-             timeout: float = 300) -> subprocess.CompletedProcess:
+    def helm(
+        self, *args: str, check: bool = True, input: str | None = None, timeout: float = 300
+    ) -> subprocess.CompletedProcess:
         """Run helm v3 (built with the cluster) against this cluster as the admin."""
         return self._tool("helm", args, check, input, timeout)
 
@@ -144,8 +171,9 @@ class LocalCluster:
 
     def create_token(self, service_account: str, namespace: str = "default", duration: str = "1h") -> str:
         """A ServiceAccount token from the TokenRequest API (what `kubectl create token` does)."""
-        return self.kubectl("create", "token", service_account, "-n", namespace,
-                            f"--duration={duration}").stdout.strip()
+        return self.kubectl(
+            "create", "token", service_account, "-n", namespace, f"--duration={duration}"
+        ).stdout.strip()
 
     def kubeconfig_for_token(self, token: str, path: Path | str) -> Path:
         """Write a kubeconfig that authenticates with a bearer token only (e.g. a ServiceAccount's)."""
@@ -154,14 +182,29 @@ class LocalCluster:
         path.chmod(0o600)
         return path
 
-    def add_fake_node(self, name: str, gpus: int | None = None, cpu: str | None = None,
-                      memory: str | None = None, labels: dict[str, str] | None = None, wait: float = 60) -> None:
+    def add_fake_node(
+        self,
+        name: str,
+        gpus: int | None = None,
+        cpu: str | None = None,
+        memory: str | None = None,
+        labels: dict[str, str] | None = None,
+        wait: float = 60,
+    ) -> None:
         """Add a KWOK-managed fake node (defaults from versions.env) and wait until it is Ready."""
         p = self.pins.values
-        self.apply(manifests.fake_node(name, int(gpus if gpus is not None else p.get("FAKE_NODE_GPUS", 8)),
-                                       cpu or p.get("FAKE_NODE_CPU", "64"), memory or p.get("FAKE_NODE_MEMORY", "512Gi"),
-                                       labels))
-        self.kubectl("wait", "--for=condition=Ready", f"node/{name}", f"--timeout={int(wait)}s", timeout=wait + 30)
+        self.apply(
+            manifests.fake_node(
+                name,
+                int(gpus if gpus is not None else p.get("FAKE_NODE_GPUS", 8)),
+                cpu or p.get("FAKE_NODE_CPU", "64"),
+                memory or p.get("FAKE_NODE_MEMORY", "512Gi"),
+                labels,
+            )
+        )
+        self.kubectl(
+            "wait", "--for=condition=Ready", f"node/{name}", f"--timeout={int(wait)}s", timeout=wait + 30
+        )
 
     def delete_node(self, name: str) -> None:
         self.kubectl("delete", "node", name, "--ignore-not-found", "--wait=true")
@@ -237,20 +280,24 @@ class LocalCluster:
         return self.apiserver_ready()
 
     @classmethod
-    def attach(cls, state_dir: Path | str | None = None) -> "LocalCluster":
+    def attach(cls, state_dir: Path | str | None = None) -> LocalCluster:
         """A handle on a cluster already running from `state_dir` (e.g. `make cluster-up`); never stops it."""
         cluster = cls(state_dir=Path(state_dir) if state_dir else default_state_dir())
         if not cluster.is_running():
-            raise ClusterError(f"no ready local cluster is recorded in {cluster.record_file}; "
-                               "start one with `python -m local_cluster up`")
+            raise ClusterError(
+                f"no ready local cluster is recorded in {cluster.record_file}; "
+                "start one with `python -m local_cluster up`"
+            )
         record = cluster._read_record()
         if record.get("pins_key") != cluster.pins.key():
-            raise ClusterError(f"the running cluster was built from other pins ({record.get('pins_key')}) than "
-                               f"versions.env ({cluster.pins.key()}); restart it: down, then up")
+            raise ClusterError(
+                f"the running cluster was built from other pins ({record.get('pins_key')}) than "
+                f"versions.env ({cluster.pins.key()}); restart it: down, then up"
+            )
         return cluster
 
     @classmethod
-    def running(cls, state_dir: Path | str | None = None) -> "LocalCluster | None":
+    def running(cls, state_dir: Path | str | None = None) -> LocalCluster | None:
         """`attach`, or None when no ready cluster is recorded."""
         try:
             return cls.attach(state_dir)
@@ -258,10 +305,14 @@ class LocalCluster:
             return None
 
     @classmethod
-    def start(cls, state_dir: Path | str | None = None, timeout: float = 180, out=None) -> "LocalCluster":
+    def start(cls, state_dir: Path | str | None = None, timeout: float = 180, out=None) -> LocalCluster:
         """Build if needed, start every component, wait for readiness. The returned handle owns them."""
         cluster = cls(state_dir=Path(state_dir) if state_dir else default_state_dir(), owns_processes=True)
-        cluster._start(timeout, out)
+        with _locked(cluster.state_dir):
+            if cluster.is_running():  # another process started it meanwhile: use it, never stop it
+                cluster.owns_processes = False
+                return cluster
+            cluster._start(timeout, out)
         return cluster
 
     def _say(self, out, text: str) -> None:
@@ -271,15 +322,17 @@ class LocalCluster:
     def _start(self, timeout: float, out) -> None:
         t0 = self._t0 = time.monotonic()
         self._ready_at: dict[str, float] = {}
-        builder.build(self.pins, out=out) if out is not None else builder.build(self.pins, out=open(os.devnull, "w"))
+        builder.build(self.pins, out=out if out is not None else io.StringIO())
         self.state_dir.mkdir(parents=True, exist_ok=True)
         stale = self._read_record()
         if stale:
             self._stop_record(stale)
         busy = [f"{name} ({port})" for name, port in PORTS.items() if not _port_free(port)]
         if busy:
-            raise ClusterError(f"ports on {HOST} already in use: {', '.join(busy)}; another cluster may be "
-                               "running (`python -m local_cluster down`) or another program holds them")
+            raise ClusterError(
+                f"ports on {HOST} already in use: {', '.join(busy)}; another cluster may be "
+                "running (`python -m local_cluster down`) or another program holds them"
+            )
         self.log_dir.mkdir(exist_ok=True)
         for old in self.log_dir.glob("*.log"):
             old.unlink()
@@ -287,8 +340,14 @@ class LocalCluster:
         self._write_configs(pki)
         data = self.state_dir / "etcd-data"
         shutil.rmtree(data, ignore_errors=True)
-        record = {"pins_key": self.pins.key(), "bin_dir": str(self.bin_dir), "kubeconfig": str(self.kubeconfig),
-                  "ports": PORTS, "processes": {}, "ready": False}
+        record = {
+            "pins_key": self.pins.key(),
+            "bin_dir": str(self.bin_dir),
+            "kubeconfig": str(self.kubeconfig),
+            "ports": PORTS,
+            "processes": {},
+            "ready": False,
+        }
         self._write_record(record)
         deadline = time.monotonic() + timeout
         try:
@@ -309,8 +368,12 @@ class LocalCluster:
             for name, check in self._checks().items():
                 self._wait(name, check, deadline)
             self._wait("fake nodes Ready (kwok)", self._nodes_ready, deadline, log_name="kwok")
-            self._wait("default ServiceAccount (kube-controller-manager)", self._default_sa_exists, deadline,
-                       log_name="kube-controller-manager")
+            self._wait(
+                "default ServiceAccount (kube-controller-manager)",
+                self._default_sa_exists,
+                deadline,
+                log_name="kube-controller-manager",
+            )
         except BaseException:
             self._stop_record(self._read_record() or record)
             raise
@@ -319,9 +382,14 @@ class LocalCluster:
         record["apiserver_ready_s"] = round(t_api - t0, 1)
         record["ready_at_s"] = self._ready_at
         self._write_record(record)
-        self._say(out, "ready at (s since start): " + ", ".join(f"{k} {v}" for k, v in self._ready_at.items()))
-        self._say(out, f"local cluster ready in {record['started_s']}s "
-                       f"(API server ready after {record['apiserver_ready_s']}s)")
+        self._say(
+            out, "ready at (s since start): " + ", ".join(f"{k} {v}" for k, v in self._ready_at.items())
+        )
+        self._say(
+            out,
+            f"local cluster ready in {record['started_s']}s "
+            f"(API server ready after {record['apiserver_ready_s']}s)",
+        )
         self._say(out, f"kubeconfig: {self.kubeconfig}")
 
     def _spawn(self, name: str, args: list[str], record: dict) -> None:
@@ -330,11 +398,23 @@ class LocalCluster:
         env["KUBECONFIG"] = str(self.kubeconfig)
         binary = self.bin_dir / ("kuberay-operator" if name == "kuberay-operator" else name)
         with log.open("ab") as fh:
-            proc = subprocess.Popen([str(binary), *args], stdout=fh, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, cwd=self.state_dir, env=env, start_new_session=True)
+            proc = subprocess.Popen(
+                [str(binary), *args],
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.state_dir,
+                env=env,
+                start_new_session=True,
+            )
         self._popen[name] = proc
-        record["processes"][name] = {"pid": proc.pid, "pgid": proc.pid, "start_time": _proc_start_time(proc.pid),
-                                     "log": str(log), "cmd": [str(binary), *args]}
+        record["processes"][name] = {
+            "pid": proc.pid,
+            "pgid": proc.pid,
+            "start_time": _proc_start_time(proc.pid),
+            "log": str(log),
+            "cmd": [str(binary), *args],
+        }
         self._write_record(record)
 
     def _wait(self, name: str, check, deadline: float, log_name: str | None = None) -> None:
@@ -349,15 +429,19 @@ class LocalCluster:
             for pname, proc in self._popen.items():
                 if proc.poll() is not None:
                     plog = self.log_dir / f"{pname}.log"
-                    raise ClusterError(f"{pname} exited with code {proc.returncode} while waiting for {name}; "
-                                       f"log: {plog}\n{_log_tail(plog)}")
+                    raise ClusterError(
+                        f"{pname} exited with code {proc.returncode} while waiting for {name}; "
+                        f"log: {plog}\n{_log_tail(plog)}"
+                    )
             try:
                 if check():
                     return
             except (subprocess.SubprocessError, OSError, ValueError):
                 pass
             if time.monotonic() > deadline:
-                raise ClusterError(f"timed out waiting for {name} to become ready; log: {log}\n{_log_tail(log)}")
+                raise ClusterError(
+                    f"timed out waiting for {name} to become ready; log: {log}\n{_log_tail(log)}"
+                )
             time.sleep(0.25)
 
     def _nodes_ready(self) -> bool:
@@ -366,13 +450,23 @@ class LocalCluster:
             return False
         items = json.loads(out.stdout)["items"]
         wanted = set(self.default_node_names())
-        ready = {n["metadata"]["name"] for n in items
-                 if any(c["type"] == "Ready" and c["status"] == "True" for c in n.get("status", {}).get("conditions", []))}
+        ready = {
+            n["metadata"]["name"]
+            for n in items
+            if any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in n.get("status", {}).get("conditions", [])
+            )
+        }
         return wanted <= ready
 
     def _default_sa_exists(self) -> bool:
-        return self.kubectl("get", "serviceaccount", "default", "-n", "default", check=False,
-                            timeout=20).returncode == 0
+        return (
+            self.kubectl(
+                "get", "serviceaccount", "default", "-n", "default", check=False, timeout=20
+            ).returncode
+            == 0
+        )
 
     def _apply_crds(self) -> None:
         paths = manifests.crd_files(self.pins)
@@ -380,8 +474,12 @@ class LocalCluster:
         for path in paths:
             args += ["-f", str(path)]
         self.kubectl(*args)
-        self.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                     *[f"crd/{name}" for name in manifests.CRD_NAMES])
+        self.kubectl(
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            *[f"crd/{name}" for name in manifests.CRD_NAMES],
+        )
 
     # ---- configuration ------------------------------------------------------------------------
     def _write_configs(self, pki: Path) -> None:
@@ -391,21 +489,35 @@ class LocalCluster:
         conf.mkdir(exist_ok=True)
         for client in ("controller-manager", "scheduler"):
             (conf / f"{client}.kubeconfig").write_text(kubeconfig_text(self.server, pki, client, client))
-        (conf / "kube-scheduler.yaml").write_text(manifests.scheduler_config(conf / "scheduler.kubeconfig", None))
-        (conf / "gang-scheduler.yaml").write_text(manifests.scheduler_config(self.kubeconfig, GANG_SCHEDULER_NAME))
+        (conf / "kube-scheduler.yaml").write_text(
+            manifests.scheduler_config(conf / "scheduler.kubeconfig", None)
+        )
+        (conf / "gang-scheduler.yaml").write_text(
+            manifests.scheduler_config(self.kubeconfig, GANG_SCHEDULER_NAME)
+        )
 
     def _etcd_args(self, data: Path) -> list[str]:
         client, peer = f"http://{HOST}:{PORTS['etcd']}", f"http://{HOST}:{PORTS['etcd-peer']}"
-        return ["--name=local", f"--data-dir={data}", f"--listen-client-urls={client}",
-                f"--advertise-client-urls={client}", f"--listen-peer-urls={peer}",
-                f"--initial-advertise-peer-urls={peer}", f"--initial-cluster=local={peer}",
-                "--unsafe-no-fsync=true", "--log-level=warn"]
+        return [
+            "--name=local",
+            f"--data-dir={data}",
+            f"--listen-client-urls={client}",
+            f"--advertise-client-urls={client}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=local={peer}",
+            "--unsafe-no-fsync=true",
+            "--log-level=warn",
+        ]
 
     def _apiserver_args(self, pki: Path) -> list[str]:
         return [
             f"--etcd-servers=http://{HOST}:{PORTS['etcd']}",
-            f"--bind-address={HOST}", f"--advertise-address={HOST}", f"--secure-port={PORTS['kube-apiserver']}",
-            f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
+            f"--bind-address={HOST}",
+            f"--advertise-address={HOST}",
+            f"--secure-port={PORTS['kube-apiserver']}",
+            f"--tls-cert-file={pki / 'apiserver.crt'}",
+            f"--tls-private-key-file={pki / 'apiserver.key'}",
             f"--client-ca-file={pki / 'ca.crt'}",
             "--authorization-mode=Node,RBAC",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
@@ -425,24 +537,35 @@ class LocalCluster:
         sched_kc = conf / "scheduler.kubeconfig"
         return {
             "kube-controller-manager": [
-                f"--kubeconfig={cm_kc}", f"--authentication-kubeconfig={cm_kc}", f"--authorization-kubeconfig={cm_kc}",
-                f"--bind-address={HOST}", f"--secure-port={PORTS['kube-controller-manager']}",
+                f"--kubeconfig={cm_kc}",
+                f"--authentication-kubeconfig={cm_kc}",
+                f"--authorization-kubeconfig={cm_kc}",
+                f"--bind-address={HOST}",
+                f"--secure-port={PORTS['kube-controller-manager']}",
                 f"--cert-dir={certs / 'kube-controller-manager'}",
-                "--leader-elect=false", "--use-service-account-credentials=true",
-                f"--service-account-private-key-file={pki / 'sa.key'}", f"--root-ca-file={pki / 'ca.crt'}",
-                f"--cluster-signing-cert-file={pki / 'ca.crt'}", f"--cluster-signing-key-file={pki / 'ca.key'}",
-                "--controllers=*", "--profiling=false",
+                "--leader-elect=false",
+                "--use-service-account-credentials=true",
+                f"--service-account-private-key-file={pki / 'sa.key'}",
+                f"--root-ca-file={pki / 'ca.crt'}",
+                f"--cluster-signing-cert-file={pki / 'ca.crt'}",
+                f"--cluster-signing-key-file={pki / 'ca.key'}",
+                "--controllers=*",
+                "--profiling=false",
             ],
             "kube-scheduler": [
                 f"--config={conf / 'kube-scheduler.yaml'}",
-                f"--authentication-kubeconfig={sched_kc}", f"--authorization-kubeconfig={sched_kc}",
-                f"--bind-address={HOST}", f"--secure-port={PORTS['kube-scheduler']}",
+                f"--authentication-kubeconfig={sched_kc}",
+                f"--authorization-kubeconfig={sched_kc}",
+                f"--bind-address={HOST}",
+                f"--secure-port={PORTS['kube-scheduler']}",
                 f"--cert-dir={certs / 'kube-scheduler'}",
             ],
             "gang-scheduler": [
                 f"--config={conf / 'gang-scheduler.yaml'}",
-                f"--authentication-kubeconfig={self.kubeconfig}", f"--authorization-kubeconfig={self.kubeconfig}",
-                f"--bind-address={HOST}", f"--secure-port={PORTS['gang-scheduler']}",
+                f"--authentication-kubeconfig={self.kubeconfig}",
+                f"--authorization-kubeconfig={self.kubeconfig}",
+                f"--bind-address={HOST}",
+                f"--secure-port={PORTS['gang-scheduler']}",
                 f"--cert-dir={certs / 'gang-scheduler'}",
             ],
             "gang-controller": [
@@ -461,7 +584,8 @@ class LocalCluster:
                 f"--kubeconfig={self.kubeconfig}",
                 f"--manage-nodes-with-annotation-selector={manifests.KWOK_ANNOTATION}=fake",
                 f"--server-address={HOST}:{PORTS['kwok']}",
-                f"--node-ip={HOST}", f"--cidr={POD_CIDR}",
+                f"--node-ip={HOST}",
+                f"--cidr={POD_CIDR}",
                 "--node-lease-duration-seconds=40",
                 *[f"--config={path}" for path in manifests.kwok_stage_files(self.pins)],
             ],
@@ -505,5 +629,6 @@ class LocalCluster:
 
     def stop(self) -> list[str]:
         """Stop the processes recorded for this state dir. Returns the names of those that were running."""
-        record = self._read_record()
-        return self._stop_record(record) if record else []
+        with _locked(self.state_dir):
+            record = self._read_record()
+            return self._stop_record(record) if record else []

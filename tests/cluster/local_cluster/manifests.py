@@ -27,8 +27,13 @@ def node_name(index: int) -> str:
 
 def fake_node(name: str, gpus: int, cpu: str, memory: str, labels: dict[str, str] | None = None) -> str:
     """A Node that KWOK manages (annotation) advertising `gpus` nvidia.com/gpu, as JSON (valid YAML)."""
-    resources = {"cpu": str(cpu), "memory": str(memory), "pods": "110", GPU_RESOURCE: str(gpus),
-                 "ephemeral-storage": "1Ti"}
+    resources = {
+        "cpu": str(cpu),
+        "memory": str(memory),
+        "pods": "110",
+        GPU_RESOURCE: str(gpus),
+        "ephemeral-storage": "1Ti",
+    }
     node = {
         "apiVersion": "v1",
         "kind": "Node",
@@ -45,16 +50,26 @@ def fake_node(name: str, gpus: int, cpu: str, memory: str, labels: dict[str, str
             },
         },
         "spec": {},
-        "status": {"allocatable": resources, "capacity": resources,
-                   "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux", "kubeletVersion": "fake"}},
+        "status": {
+            "allocatable": resources,
+            "capacity": resources,
+            "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux", "kubeletVersion": "fake"},
+        },
     }
     return json.dumps(node, indent=2)
 
 
 def fake_nodes(pins_values: dict[str, str]) -> str:
     count = int(pins_values.get("FAKE_NODE_COUNT", 4))
-    docs = [fake_node(node_name(i), int(pins_values.get("FAKE_NODE_GPUS", 8)), pins_values.get("FAKE_NODE_CPU", "64"),
-                      pins_values.get("FAKE_NODE_MEMORY", "512Gi")) for i in range(count)]
+    docs = [
+        fake_node(
+            node_name(i),
+            int(pins_values.get("FAKE_NODE_GPUS", 8)),
+            pins_values.get("FAKE_NODE_CPU", "64"),
+            pins_values.get("FAKE_NODE_MEMORY", "512Gi"),
+        )
+        for i in range(count)
+    ]
     return "\n---\n".join(docs) + "\n"
 
 
@@ -62,7 +77,10 @@ def crd_files(pins: Pins) -> list[Path]:
     """KubeRay's CRDs and scheduler-plugins' PodGroup and ElasticQuota CRDs, straight from the module cache (never copied into the repo)."""
     kuberay = builder.module_dir(pins, builder.KUBERAY_MODULE)
     plugins = builder.module_dir(pins, builder.SCHEDULER_PLUGINS_MODULE)
-    files = [kuberay / "config" / "crd" / "bases" / f"ray.io_{kind}.yaml" for kind in ("rayclusters", "rayjobs", "rayservices")]
+    files = [
+        kuberay / "config" / "crd" / "bases" / f"ray.io_{kind}.yaml"
+        for kind in ("rayclusters", "rayjobs", "rayservices")
+    ]
     files.append(plugins / "manifests" / "coscheduling" / "crd.yaml")
     # The scheduler-plugins controller also watches ElasticQuota; without its CRD it exits.
     files.append(plugins / "manifests" / "capacityscheduling" / "crd.yaml")
@@ -106,6 +124,6 @@ def scheduler_config(kubeconfig: Path, gang_profile: str | None) -> str:
     return head + (
         f"profiles:\n- schedulerName: {gang_profile}\n"
         "  plugins:\n    multiPoint:\n      enabled:\n      - name: Coscheduling\n"
-        "    queueSort:\n      enabled:\n      - name: Coscheduling\n      disabled:\n      - name: \"*\"\n"
+        '    queueSort:\n      enabled:\n      - name: Coscheduling\n      disabled:\n      - name: "*"\n'
         "  pluginConfig:\n  - name: Coscheduling\n    args:\n      permitWaitingTimeSeconds: 10\n"
     )

@@ -67,13 +67,15 @@ class Pins:
         for item in self.values.get("KUBERNETES_STAGING_OVERRIDES", "").split():
             module, _, version = item.partition("=")
             if not version:
-                raise PinError(f"{VERSIONS_FILE}: KUBERNETES_STAGING_OVERRIDES item {item!r} is not module=version")
+                raise PinError(
+                    f"{VERSIONS_FILE}: KUBERNETES_STAGING_OVERRIDES item {item!r} is not module=version"
+                )
             out[module] = version
         return out
 
     def key(self) -> str:
         """Short hash of the build-relevant pins: the cache directory's name."""
-        build_keys = sorted(k for k in self.values if k.endswith("_VERSION") or k.endswith("_OVERRIDES"))
+        build_keys = sorted(k for k in self.values if k.endswith(("_VERSION", "_OVERRIDES")))
         text = "\n".join(f"{k}={self.values[k]}" for k in build_keys) + f"\nrecipe={BUILD_RECIPE}"
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 

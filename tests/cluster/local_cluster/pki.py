@@ -28,17 +28,46 @@ class PKIError(RuntimeError):
 
 
 def _openssl(*args: str, cwd: Path) -> None:
-    result = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True)
+    result = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise PKIError(f"`openssl {' '.join(args)}` failed in {cwd}: {result.stderr.strip()}")
 
 
 def _sign(pki: Path, stem: str, subject: str, extensions: str) -> None:
     (pki / f"{stem}.ext").write_text(extensions)
-    _openssl("req", "-new", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{stem}.key", "-out", f"{stem}.csr",
-             "-subj", subject, cwd=pki)
-    _openssl("x509", "-req", "-in", f"{stem}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-             "-days", "3650", "-sha256", "-extfile", f"{stem}.ext", "-out", f"{stem}.crt", cwd=pki)
+    _openssl(
+        "req",
+        "-new",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        f"{stem}.key",
+        "-out",
+        f"{stem}.csr",
+        "-subj",
+        subject,
+        cwd=pki,
+    )
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        f"{stem}.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "3650",
+        "-sha256",
+        "-extfile",
+        f"{stem}.ext",
+        "-out",
+        f"{stem}.crt",
+        cwd=pki,
+    )
     (pki / f"{stem}.csr").unlink()
     (pki / f"{stem}.ext").unlink()
 
@@ -48,20 +77,45 @@ def ensure_pki(pki: Path) -> Path:
     if (pki / "complete").exists():
         return pki
     if shutil.which("openssl") is None:
-        raise PKIError("`openssl` is not on PATH (Debian package openssl): needed for the cluster's certificates")
+        raise PKIError(
+            "`openssl` is not on PATH (Debian package openssl): needed for the cluster's certificates"
+        )
     if pki.exists():
         shutil.rmtree(pki)
     pki.mkdir(parents=True)
-    _openssl("req", "-x509", "-new", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
-             "-days", "3650", "-subj", "/CN=ppojob-local-cluster-ca", cwd=pki)
-    _sign(pki, "apiserver", "/CN=kube-apiserver",
-          "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n"
-          "extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,"
-          "DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local\n")
+    _openssl(
+        "req",
+        "-x509",
+        "-new",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "3650",
+        "-subj",
+        "/CN=ppojob-local-cluster-ca",
+        cwd=pki,
+    )
+    _sign(
+        pki,
+        "apiserver",
+        "/CN=kube-apiserver",
+        "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n"
+        "extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,"
+        "DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local\n",
+    )
     for stem, (cn, org) in CLIENTS.items():
         subject = f"/CN={cn}" + (f"/O={org}" if org else "")
-        _sign(pki, stem, subject,
-              "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n")
+        _sign(
+            pki,
+            stem,
+            subject,
+            "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n",
+        )
     _openssl("genrsa", "-out", "sa.key", "2048", cwd=pki)
     _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
     for path in pki.iterdir():

@@ -8,7 +8,6 @@ import time
 import uuid
 
 import pytest
-
 from local_cluster import GANG_SCHEDULER_NAME, load_pins
 
 pytestmark = pytest.mark.cluster
@@ -35,8 +34,13 @@ def gpu_pod(name: str, gpus: int, **extra_spec) -> str:
         "kind": "Pod",
         "metadata": {"name": name, "labels": extra_spec.pop("labels", {})},
         "spec": {
-            "containers": [{"name": "main", "image": "registry.invalid/trainer:none",
-                            "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.invalid/trainer:none",
+                    "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
+                }
+            ],
             **extra_spec,
         },
     }
@@ -61,20 +65,36 @@ def test_crd_schema_rejects_invalid_object_with_apiserver_message(local_cluster)
             "group": group,
             "scope": "Namespaced",
             "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
-            "versions": [{
-                "name": "v1", "served": True, "storage": True,
-                "schema": {"openAPIV3Schema": {"type": "object", "properties": {"spec": {
-                    "type": "object", "required": ["replicas"],
-                    "properties": {"replicas": {"type": "integer", "minimum": 1}},
-                }}}},
-            }],
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "properties": {
+                                "spec": {
+                                    "type": "object",
+                                    "required": ["replicas"],
+                                    "properties": {"replicas": {"type": "integer", "minimum": 1}},
+                                }
+                            },
+                        }
+                    },
+                }
+            ],
         },
     }
     local_cluster.apply(json.dumps(crd))
     try:
         local_cluster.kubectl("wait", "--for=condition=Established", f"crd/widgets.{group}", "--timeout=60s")
-        good = {"apiVersion": f"{group}/v1", "kind": "Widget", "metadata": {"name": "ok", "namespace": "default"},
-                "spec": {"replicas": 2}}
+        good = {
+            "apiVersion": f"{group}/v1",
+            "kind": "Widget",
+            "metadata": {"name": "ok", "namespace": "default"},
+            "spec": {"replicas": 2},
+        }
         local_cluster.apply(json.dumps(good))
         bad = dict(good, metadata={"name": "bad", "namespace": "default"}, spec={"replicas": "many"})
         result = local_cluster.kubectl("apply", "-f", "-", input=json.dumps(bad), check=False)
@@ -93,7 +113,9 @@ def test_gpu_pod_runs_on_fake_node_and_oversized_one_stays_pending(local_cluster
     ns = k8s_namespace
     local_cluster.kubectl("apply", "-n", ns, "-f", "-", input=gpu_pod("eight", 8))
     local_cluster.kubectl("apply", "-n", ns, "-f", "-", input=gpu_pod("too-many", 64))
-    local_cluster.kubectl("wait", "-n", ns, "--for=jsonpath={.status.phase}=Running", "pod/eight", "--timeout=90s")
+    local_cluster.kubectl(
+        "wait", "-n", ns, "--for=jsonpath={.status.phase}=Running", "pod/eight", "--timeout=90s"
+    )
     pod = get_json(local_cluster, "-n", ns, "pod/eight")
     node = get_json(local_cluster, "node", pod["spec"]["nodeName"])
     assert node["metadata"]["annotations"].get("kwok.x-k8s.io/node") == "fake"
@@ -102,7 +124,11 @@ def test_gpu_pod_runs_on_fake_node_and_oversized_one_stays_pending(local_cluster
     def unschedulable():
         p = get_json(local_cluster, "-n", ns, "pod/too-many")
         for cond in p["status"].get("conditions", []):
-            if cond["type"] == "PodScheduled" and cond["status"] == "False" and cond.get("reason") == "Unschedulable":
+            if (
+                cond["type"] == "PodScheduled"
+                and cond["status"] == "False"
+                and cond.get("reason") == "Unschedulable"
+            ):
                 return p, cond
         return None
 
@@ -110,8 +136,16 @@ def test_gpu_pod_runs_on_fake_node_and_oversized_one_stays_pending(local_cluster
     assert p["status"]["phase"] == "Pending"
     assert not p["spec"].get("nodeName")
     assert "Insufficient nvidia.com/gpu" in cond["message"]
-    events = local_cluster.kubectl("get", "events", "-n", ns, "--field-selector",
-                                   "involvedObject.name=too-many,reason=FailedScheduling", "-o", "json").stdout
+    events = local_cluster.kubectl(
+        "get",
+        "events",
+        "-n",
+        ns,
+        "--field-selector",
+        "involvedObject.name=too-many,reason=FailedScheduling",
+        "-o",
+        "json",
+    ).stdout
     assert json.loads(events)["items"], "no FailedScheduling event for pod/too-many"
 
 
@@ -123,15 +157,31 @@ def test_gang_keeps_all_members_unbound_until_all_fit(local_cluster, k8s_namespa
     try:
         for node in nodes[:2]:  # room for two of the three 8-GPU members
             local_cluster.add_fake_node(node, gpus=8, labels={"ppojob.test/pool": pool})
-        local_cluster.apply(json.dumps({
-            "apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
-            "metadata": {"name": "gang", "namespace": ns},
-            "spec": {"minMember": 3, "scheduleTimeoutSeconds": 300},
-        }))
+        local_cluster.apply(
+            json.dumps(
+                {
+                    "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+                    "kind": "PodGroup",
+                    "metadata": {"name": "gang", "namespace": ns},
+                    "spec": {"minMember": 3, "scheduleTimeoutSeconds": 300},
+                }
+            )
+        )
         for name in members:
-            local_cluster.kubectl("apply", "-n", ns, "-f", "-", input=gpu_pod(
-                name, 8, labels={"scheduling.x-k8s.io/pod-group": "gang"},
-                schedulerName=GANG_SCHEDULER_NAME, nodeSelector={"ppojob.test/pool": pool}))
+            local_cluster.kubectl(
+                "apply",
+                "-n",
+                ns,
+                "-f",
+                "-",
+                input=gpu_pod(
+                    name,
+                    8,
+                    labels={"scheduling.x-k8s.io/pod-group": "gang"},
+                    schedulerName=GANG_SCHEDULER_NAME,
+                    nodeSelector={"ppojob.test/pool": pool},
+                ),
+            )
 
         def bound() -> list[str]:
             items = get_json(local_cluster, "-n", ns, "pods")["items"]
@@ -149,28 +199,43 @@ def test_gang_keeps_all_members_unbound_until_all_fit(local_cluster, k8s_namespa
         local_cluster.add_fake_node(nodes[2], gpus=8, labels={"ppojob.test/pool": pool})
         wait_until(lambda: len(bound()) == 3, 120, "all gang members to be bound once capacity appeared")
         for name in members:
-            local_cluster.kubectl("wait", "-n", ns, "--for=jsonpath={.status.phase}=Running", f"pod/{name}",
-                                  "--timeout=60s")
+            local_cluster.kubectl(
+                "wait", "-n", ns, "--for=jsonpath={.status.phase}=Running", f"pod/{name}", "--timeout=60s"
+            )
         placed = {get_json(local_cluster, "-n", ns, f"pod/{m}")["spec"]["nodeName"] for m in members}
         assert placed == set(nodes)
     finally:
-        local_cluster.kubectl("delete", "pods", "--all", "-n", ns, "--wait=true", "--timeout=60s", check=False)
+        local_cluster.kubectl(
+            "delete", "pods", "--all", "-n", ns, "--wait=true", "--timeout=60s", check=False
+        )
         for node in nodes:
             local_cluster.delete_node(node)
 
 
 def test_raycluster_gets_head_and_worker_pods_from_kuberay(local_cluster, k8s_namespace):
     ns = k8s_namespace
-    container = {"name": "ray", "image": "rayproject/ray:2.49.0",
-                 "resources": {"limits": {"cpu": "1", "memory": "2Gi"}}}
+    container = {
+        "name": "ray",
+        "image": "rayproject/ray:2.49.0",
+        "resources": {"limits": {"cpu": "1", "memory": "2Gi"}},
+    }
     worker = dict(container, resources={"limits": {"cpu": "1", "memory": "2Gi", "nvidia.com/gpu": "1"}})
     raycluster = {
-        "apiVersion": "ray.io/v1", "kind": "RayCluster",
+        "apiVersion": "ray.io/v1",
+        "kind": "RayCluster",
         "metadata": {"name": "rc", "namespace": ns, "labels": {"ray.io/gang-scheduling-enabled": "true"}},
         "spec": {
             "headGroupSpec": {"rayStartParams": {}, "template": {"spec": {"containers": [container]}}},
-            "workerGroupSpecs": [{"groupName": "gpu", "replicas": 2, "minReplicas": 2, "maxReplicas": 2,
-                                  "rayStartParams": {}, "template": {"spec": {"containers": [worker]}}}],
+            "workerGroupSpecs": [
+                {
+                    "groupName": "gpu",
+                    "replicas": 2,
+                    "minReplicas": 2,
+                    "maxReplicas": 2,
+                    "rayStartParams": {},
+                    "template": {"spec": {"containers": [worker]}},
+                }
+            ],
         },
     }
     local_cluster.apply(json.dumps(raycluster))
@@ -189,8 +254,11 @@ def test_raycluster_gets_head_and_worker_pods_from_kuberay(local_cluster, k8s_na
         assert node["metadata"]["annotations"].get("kwok.x-k8s.io/node") == "fake"
     pg = get_json(local_cluster, "-n", ns, "podgroup/rc")
     assert pg["spec"]["minMember"] == 3
-    wait_until(lambda: get_json(local_cluster, "-n", ns, "raycluster/rc").get("status", {}).get("state") == "ready",
-               60, "RayCluster rc to report state ready")
+    wait_until(
+        lambda: get_json(local_cluster, "-n", ns, "raycluster/rc").get("status", {}).get("state") == "ready",
+        60,
+        "RayCluster rc to report state ready",
+    )
     local_cluster.kubectl("delete", "raycluster", "rc", "-n", ns, "--wait=true", "--timeout=60s")
 
 
@@ -198,13 +266,24 @@ def test_deleting_owner_garbage_collects_owned_objects(local_cluster, k8s_namesp
     ns = k8s_namespace
     local_cluster.kubectl("create", "configmap", "owner", "-n", ns)
     owner_uid = get_json(local_cluster, "-n", ns, "configmap/owner")["metadata"]["uid"]
-    owned = {"apiVersion": "v1", "kind": "ConfigMap",
-             "metadata": {"name": "owned", "namespace": ns, "ownerReferences": [
-                 {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner_uid}]}}
+    owned = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": "owned",
+            "namespace": ns,
+            "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner_uid}],
+        },
+    }
     local_cluster.apply(json.dumps(owned))
-    local_cluster.kubectl("create", "deployment", "web", "-n", ns, "--image=registry.invalid/web:none", "--replicas=2")
-    wait_until(lambda: len(get_json(local_cluster, "-n", ns, "pods", "-l", "app=web")["items"]) == 2, 60,
-               "the Deployment's ReplicaSet to create 2 pods")
+    local_cluster.kubectl(
+        "create", "deployment", "web", "-n", ns, "--image=registry.invalid/web:none", "--replicas=2"
+    )
+    wait_until(
+        lambda: len(get_json(local_cluster, "-n", ns, "pods", "-l", "app=web")["items"]) == 2,
+        60,
+        "the Deployment's ReplicaSet to create 2 pods",
+    )
     local_cluster.kubectl("delete", "configmap", "owner", "-n", ns)
     local_cluster.kubectl("delete", "deployment", "web", "-n", ns)  # background propagation by default
 
@@ -225,10 +304,14 @@ def test_service_account_token_and_impersonation(local_cluster, k8s_namespace, t
     denied = local_cluster.kubectl("get", "pods", "-n", ns, f"--as={sa}", check=False)
     assert denied.returncode != 0 and "forbidden" in denied.stderr.lower()
     local_cluster.kubectl("create", "role", "pod-reader", "-n", ns, "--verb=get,list", "--resource=pods")
-    local_cluster.kubectl("create", "rolebinding", "reporter", "-n", ns, "--role=pod-reader",
-                          f"--serviceaccount={ns}:reporter")
-    wait_until(lambda: local_cluster.kubectl("get", "pods", "-n", ns, f"--as={sa}", check=False).returncode == 0,
-               30, "RBAC to allow the impersonated service account")
+    local_cluster.kubectl(
+        "create", "rolebinding", "reporter", "-n", ns, "--role=pod-reader", f"--serviceaccount={ns}:reporter"
+    )
+    wait_until(
+        lambda: local_cluster.kubectl("get", "pods", "-n", ns, f"--as={sa}", check=False).returncode == 0,
+        30,
+        "RBAC to allow the impersonated service account",
+    )
     token = local_cluster.create_token("reporter", ns, duration="10m")
     kubeconfig = local_cluster.kubeconfig_for_token(token, tmp_path / "reporter.kubeconfig")
     whoami = local_cluster.kubectl("auth", "whoami", "-o", "json", f"--kubeconfig={kubeconfig}")
