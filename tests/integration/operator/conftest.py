@@ -36,6 +36,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
 class OperatorProcess:
     """`ppo-operator --launcher local` watching one namespace; start/kill/restart, and its log."""
 
@@ -96,10 +104,12 @@ class OperatorProcess:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def trainer_pids(self) -> list[int]:
+        """Pids of the trainer sessions this operator started that are still alive."""
         pids = []
         for pid_file in self.state_dir.glob("*/*/a*/pid"):
-            if not (pid_file.parent / "exit").exists():
-                pids.append(int(pid_file.read_text().split()[0]))
+            pid = int(pid_file.read_text().split()[0])
+            if not (pid_file.parent / "exit").exists() and _alive(pid):
+                pids.append(pid)
         return pids
 
     def stop_trainers(self) -> None:

@@ -17,15 +17,19 @@ def children(cluster, ns, kind):
 
 def test_sigkill_between_pod_group_and_raycluster_then_restart_makes_one_of_each(local_cluster, k8s_namespace, start_operator):
     ns = k8s_namespace
-    operator = start_operator("--debug-pause-after-pod-group", "60")
-    apply(local_cluster, ns, tiny_manifest())
+    operator = start_operator("--debug-pause-after-pod-group", "60", STANDIN_STEP_SECONDS="0.5")
+    apply(local_cluster, ns, tiny_manifest(ppo={"numRollouts": 16}))
     wait_for("the pod group", lambda: children(local_cluster, ns, "podgroups.scheduling.x-k8s.io"))
     operator.kill()
     assert children(local_cluster, ns, "rayclusters") == []
     operator.start()  # same flags: the pod group exists now, so no pause is reached
+    wait_phase(local_cluster, ns, "tiny", "CriticWarmup", "Training", timeout=90)
+    assert children(local_cluster, ns, "podgroups.scheduling.x-k8s.io") == ["tiny-a0"]
+    assert children(local_cluster, ns, "rayclusters") == ["tiny-a0"]
+    assert len(operator.trainer_pids()) == 1
     job = wait_phase(local_cluster, ns, "tiny", "Succeeded", "Failed", timeout=120)
     assert job["status"]["phase"] == "Succeeded", job["status"]
-    assert children(local_cluster, ns, "podgroups.scheduling.x-k8s.io") == ["tiny-a0"]
+    assert job["status"]["restarts"] == 0
     events = local_cluster.kubectl("get", "events", "-n", ns, "--field-selector", "reason=Created", "-o",
                                    "jsonpath={.items[*].message}").stdout
     assert "RayCluster tiny-a0" in events

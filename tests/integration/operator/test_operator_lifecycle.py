@@ -5,6 +5,7 @@ and what `kubectl get` and `kubectl describe` show."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 
 import pytest
@@ -108,7 +109,7 @@ def test_kubectl_get_and_describe_while_warming_up(local_cluster, k8s_namespace,
     assert row[0:2] == ["tiny", "CriticWarmup"] and row[3] in ("2/6", "3/6")
     assert "actor:off" in local_cluster.kubectl("get", "ppo", "tiny", "-n", ns, "-o", "wide").stdout
     described = local_cluster.kubectl("describe", "ppojob", "tiny", "-n", ns).stdout
-    assert "critic-only warm-up 1/6 done" in described and "Phase:         CriticWarmup" in described
+    assert "critic-only warm-up 1/6 done" in described and re.search(r"\n\s+Phase:\s+CriticWarmup\n", described)
 
 
 @pytest.mark.parametrize(
