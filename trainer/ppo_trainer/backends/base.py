@@ -17,6 +17,8 @@ from ppo_trainer.batch import RolloutBatch
 # loss_fn(model_output, micro_batch_rows) -> (scalar loss, stats). model_output is [b, T]
 # per-token log-probs plus entropy for a policy ({"log_probs", "entropy"}), or values for a
 # critic ({"values"}); micro_batch_rows indexes the rows of the batch being trained on.
+# model_output lives on the backend's device (cuda on GPUs) while the batch stays on CPU: a
+# loss_fn moves what it reads from the batch to `model_output[...].device`.
 LossFn = Callable[[dict[str, torch.Tensor], torch.Tensor], tuple[torch.Tensor, dict[str, float]]]
 
 

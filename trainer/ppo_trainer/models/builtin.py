@@ -112,10 +112,6 @@ class ValueModel(nn.Module):
             self.value_head.bias.zero_()
         self.value_head.to(device=param.device, dtype=param.dtype)
 
-    @property
-    def config(self):
-        return self.trunk.config
-
     def forward(
         self, *, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
     ) -> torch.Tensor:
