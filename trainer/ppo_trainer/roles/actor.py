@@ -14,7 +14,7 @@ import torch
 from ppo_trainer.algorithms import load_advantage_function, masked_mean, masked_whiten, policy_loss
 from ppo_trainer.batch import CriticOutput, RolloutBatch
 from ppo_trainer.offload import Residency
-from ppo_trainer.roles.base import RoleWorker
+from ppo_trainer.roles.base import RoleWorker, take_rows
 from ppo_trainer.roles.targets import check_same_returns, compute_targets
 
 
@@ -75,16 +75,17 @@ class ActorWorker(RoleWorker):
         ppo = self.spec.ppo
 
         def loss_fn(output: dict[str, torch.Tensor], rows: torch.Tensor):
+            logp = output["log_probs"]
             pg_loss, stats = policy_loss(
-                output["log_probs"],
-                old_log_probs[rows],
-                advantages[rows],
-                mask[rows],
+                logp,
+                take_rows(old_log_probs, rows, logp),
+                take_rows(advantages, rows, logp),
+                take_rows(mask, rows, logp),
                 clip_eps=ppo.clip_eps,
                 clip_eps_high=ppo.clip_eps_high,
                 dual_clip=ppo.dual_clip,
             )
-            entropy = masked_mean(output["entropy"], mask[rows])
+            entropy = masked_mean(output["entropy"], take_rows(mask, rows, logp))
             loss = pg_loss - ppo.entropy_coef * entropy
             return loss, {
                 "policy_loss": float(pg_loss),

@@ -44,6 +44,11 @@ def build_backend(spec: PPOJobSpec, *, role: str, device: str) -> TrainBackend:
     )
 
 
+def take_rows(tensor: torch.Tensor, rows: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Rows of a CPU batch tensor, on the device of the model output `like` (a loss compares them)."""
+    return tensor[rows.to(tensor.device)].to(like.device, non_blocking=True)
+
+
 def use_all_cores(device: str) -> None:
     """Ray pins a fractional-CPU actor to one thread; roles take turns, so each may use every core."""
     if device == "cpu":

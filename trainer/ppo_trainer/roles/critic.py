@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from ppo_trainer.algorithms import load_advantage_function, value_loss
 from ppo_trainer.batch import CriticOutput, RolloutBatch
-from ppo_trainer.roles.base import RoleWorker
+from ppo_trainer.roles.base import RoleWorker, take_rows
 from ppo_trainer.roles.targets import compute_targets
 
 
@@ -41,8 +41,10 @@ class CriticWorker(RoleWorker):
             )
 
             def loss_fn(output: dict[str, torch.Tensor], rows: torch.Tensor):
+                v = output["values"]
                 v_loss, stats = value_loss(
-                    output["values"], values[rows], targets.returns[rows], mask[rows], clip_range=clip_range
+                    v, take_rows(values, rows, v), take_rows(targets.returns, rows, v), take_rows(mask, rows, v),
+                    clip_range=clip_range,
                 )
                 return v_loss, {"value_loss": float(v_loss), "value_clipfrac": float(stats["clipfrac"])}
 
