@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from ppo_trainer.backends.torch_backend import TorchBackend
 from ppo_trainer.rollout.base import Generation, SamplingParams
 from ppo_trainer.rollout.layout import build_rollout_batch, left_pad, position_ids
-from ppo_trainer.rollout.torch_engine import TorchRolloutEngine, sample_tokens, top_p_filter
+from ppo_trainer.rollout.torch_engine import StaticKVDecoder, TorchRolloutEngine, sample_tokens, top_p_filter
 from ppojob_api.spec import ModelSpec
 
 TINY = ModelSpec(path="builtin:tiny")
@@ -37,6 +38,40 @@ def test_engine_log_probs_equal_backend_forward(temperature, top_p):
     recomputed = make_backend(seed=1, logits_temperature=temperature).forward(batch)["log_probs"]
     torch.testing.assert_close(recomputed, batch.rollout_log_probs, atol=1e-5, rtol=0)
     assert torch.all(batch.rollout_log_probs[batch.response_mask.bool()] < 0)
+
+
+# --- the static-cache forward ------------------------------------------------------------------
+
+
+def tiny_qwen2() -> torch.nn.Module:
+    """A 2-layer Qwen2 (q/k/v biases, 2 query heads per key/value head), random weights."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return Qwen2ForCausalLM(config).eval()
+
+
+def test_static_decoder_prefill_and_step_match_the_hugging_face_forward_on_qwen2():
+    model = tiny_qwen2()
+    ids, mask = left_pad(PROMPTS, pad_id=PAD)
+    following = torch.tensor([5, 6, 7, 8])
+    decoder = StaticKVDecoder(model, batch=len(PROMPTS), capacity=ids.shape[1] + 3)
+    with torch.no_grad():
+        prefill = decoder.prefill(ids, mask, position_ids(mask))
+        step = decoder.step(following, position_ids(mask)[:, -1] + 1, torch.tensor([ids.shape[1]]))
+        full_mask = torch.cat([mask, torch.ones(len(PROMPTS), 1, dtype=torch.long)], dim=1)
+        reference = model(
+            input_ids=torch.cat([ids, following[:, None]], dim=1),
+            attention_mask=full_mask,
+            position_ids=position_ids(full_mask),
+        ).logits
+    torch.testing.assert_close(prefill, reference[:, -2], atol=1e-4, rtol=0)
+    torch.testing.assert_close(step, reference[:, -1], atol=1e-4, rtol=0)
 
 
 # --- greedy and sampling -----------------------------------------------------------------------
@@ -216,6 +251,16 @@ def test_sleep_moves_weights_to_pinned_host_memory_on_cuda():
     engine.wake_up()
     assert all(p.device.type == "cuda" for p in engine.model.parameters())
     assert torch.equal(engine.generate(PROMPTS, params).response_tokens, before.response_tokens)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_graph_decoding_equals_eager_decoding():
+    params = SamplingParams(max_new_tokens=40, temperature=1.0, seed=3)
+    graphs = make_engine(device="cuda", eos_token_id=-1).generate(PROMPTS, params)
+    eager = make_engine(device="cuda", eos_token_id=-1, cuda_graphs=False).generate(PROMPTS, params)
+    assert torch.equal(graphs.response_tokens, eager.response_tokens)
+    torch.testing.assert_close(graphs.log_probs, eager.log_probs, atol=1e-5, rtol=0)
 
 
 # --- layout ------------------------------------------------------------------------------------

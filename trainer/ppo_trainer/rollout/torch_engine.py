@@ -1,24 +1,26 @@
-"""The built-in rollout engine: batched sampling from a Hugging Face causal LM with a KV cache.
+"""The built-in rollout engine: batched sampling from a Llama/Qwen2 causal LM over a static KV cache.
 
-It owns its decode loop (one prefill over the left-padded prompts, then one token per step for
-the whole batch with the key/value cache), so that the per-step work is a fixed, small graph a
-GPU build can capture. Sampling is temperature and top-p with a per-call seeded generator,
-batched without host synchronisation (exponential-race sampling instead of multinomial).
-Reported log-probs are those of the sampled tokens under the temperature-scaled logits, before
-top-p filtering: log_softmax(logits / temperature). With temperature 0 (greedy) they are under
-the unscaled logits. A trainer recomputes the same numbers with
-TorchBackend(logits_temperature=temperature). Must not depend on Ray or the PPO loop.
+It owns its decode loop and its attention (`StaticKVDecoder`). The key/value cache is allocated
+once per call for prompt + max_new_tokens positions, the prompts are prefilled in one pass, and
+every decoding step has fixed shapes (one token per row; keys masked by a validity map that the
+step itself extends), so on a CUDA device the step is captured once per call and replayed as a
+CUDA graph: one launch per step instead of hundreds. The forward reuses the Hugging Face modules'
+weights (projections, norms, MLP, rotary embedding), so weight updates in place reach the graph.
+Sampling is temperature and top-p with a per-call seeded generator, batched without host
+synchronisation (exponential-race sampling instead of multinomial); the host asks whether every
+row has finished only every FINISH_CHECK_EVERY steps. Reported log-probs are those of the sampled
+tokens under the temperature-scaled logits, before top-p filtering: log_softmax(logits /
+temperature); with temperature 0 (greedy) under the unscaled logits. A trainer recomputes the
+same numbers with TorchBackend(logits_temperature=temperature). Must not depend on Ray or the
+PPO loop.
 """
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 
 import torch
-from ppojob_api.spec import ModelSpec
-from torch.nn.attention import SDPBackend, sdpa_kernel
-from transformers import DynamicCache
 
 from ppo_trainer.algorithms import log_probs_from_logits
 from ppo_trainer.models.builtin import build_policy
@@ -26,10 +28,11 @@ from ppo_trainer.models.residency import HostMirror
 from ppo_trainer.models.tokenizer import load_tokenizer
 from ppo_trainer.rollout.base import Generation, SamplingParams
 from ppo_trainer.rollout.layout import left_pad, position_ids
+from ppojob_api.spec import ModelSpec
 
-# cuDNN attention builds a new graph for every key length, i.e. at every decoding step (about
-# 2.6 ms of host time per layer per step measured on an H200): the decode loop goes without it.
-DECODE_ATTENTION_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+FINISH_CHECK_EVERY = 32
+"""Steps between two host checks of "every row finished" (each check waits for the device)."""
 
 
 def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -61,10 +64,120 @@ def sample_tokens(
     return tokens, log_probs_from_logits(scaled.unsqueeze(1), tokens.unsqueeze(1)).squeeze(1)
 
 
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding (the Llama convention: halves rotated), cos/sin broadcast to x."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+class StaticKVDecoder:
+    """A Llama/Qwen2 forward over a preallocated KV cache for `batch` rows and `capacity` positions.
+
+    `prefill` runs the left-padded prompts (columns 0..P-1 of the cache); `step` runs one token
+    per row into the cache column `slot`. Attention is computed per key/value head with its
+    group of query heads stacked ([B, kv, group * q_len, D] x [B, kv, D, L]), so grouped-query
+    keys are never repeated. Masked scores get the dtype's lowest value rather than -inf, so a
+    padding query (which sees no key) yields finite garbage instead of NaNs that would spread.
+    """
+
+    def __init__(self, model: torch.nn.Module, *, batch: int, capacity: int):
+        config = model.config
+        if config.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"model type {config.model_type!r} is not supported by the torch rollout engine; "
+                f"use one of {', '.join(SUPPORTED_MODEL_TYPES)}"
+            )
+        self.model = model
+        self.layers = list(model.model.layers)
+        attention = self.layers[0].self_attn
+        if any(getattr(layer.self_attn, "sliding_window", None) for layer in self.layers):
+            raise ValueError("sliding-window attention layers are not supported by the torch rollout engine")
+        self.kv_heads = config.num_key_value_heads
+        self.group = attention.num_key_value_groups
+        self.head_dim = attention.head_dim
+        self.scaling = attention.scaling
+        weight = model.lm_head.weight
+        shape = (batch, self.kv_heads, capacity, self.head_dim)
+        self.keys = [torch.zeros(shape, dtype=weight.dtype, device=weight.device) for _ in self.layers]
+        self.values = [torch.zeros(shape, dtype=weight.dtype, device=weight.device) for _ in self.layers]
+        self.valid = torch.zeros((batch, capacity), dtype=torch.bool, device=weight.device)
+
+    def prefill(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """[B, P] prompts -> [B, V] float32 logits of the next token; fills cache columns 0..P-1."""
+        width = ids.shape[1]
+        self.valid[:, :width] = mask.bool()
+        causal = torch.ones((width, width), dtype=torch.bool, device=ids.device).tril()
+        allowed = causal[None, :, :] & self.valid[:, None, :width]  # [B, query, key]
+
+        def write(index: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            self.keys[index][:, :, :width] = k
+            self.values[index][:, :, :width] = v
+            return self.keys[index][:, :, :width], self.values[index][:, :, :width]
+
+        return self._forward(ids, positions, write, allowed)
+
+    def step(self, token: torch.Tensor, position: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
+        """[B] tokens at [B] positions, written to cache column `slot` ([1] int64, on the device)
+        -> [B, V] float32 logits. Fixed shapes and no host reads: safe to capture in a graph."""
+        self.valid.index_fill_(1, slot, True)
+        allowed = self.valid[:, None, :]  # [B, 1 query, capacity]
+
+        def write(index: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            self.keys[index].index_copy_(2, slot, k)
+            self.values[index].index_copy_(2, slot, v)
+            return self.keys[index], self.values[index]
+
+        return self._forward(token[:, None], position[:, None], write, allowed)
+
+    def _forward(self, ids, positions, write: Callable, allowed: torch.Tensor) -> torch.Tensor:
+        inner = self.model.model
+        x = inner.embed_tokens(ids)
+        cos, sin = inner.rotary_emb(x, positions)  # [B, S, D]
+        batch, length = ids.shape
+        q_cos, q_sin = cos[:, None, None], sin[:, None, None]
+        k_cos, k_sin = cos[:, None], sin[:, None]
+        # [B, query, key] -> [B, 1, group * query, key], matching the stacked query heads.
+        allowed = allowed[:, None, None].expand(-1, 1, self.group, -1, -1).flatten(2, 3)
+        for index, layer in enumerate(self.layers):
+            attention = layer.self_attn
+            h = layer.input_layernorm(x)
+            q = attention.q_proj(h).view(batch, length, self.kv_heads, self.group, self.head_dim)
+            q = rotate(q.permute(0, 2, 3, 1, 4), q_cos, q_sin).flatten(2, 3)  # [B, kv, group * S, D]
+            k = attention.k_proj(h).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
+            v = attention.v_proj(h).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
+            keys, values = write(index, rotate(k, k_cos, k_sin), v)
+            scores = (torch.matmul(q, keys.transpose(2, 3)) * self.scaling).float()
+            scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+            out = torch.matmul(scores.softmax(dim=-1).to(values.dtype), values)  # [B, kv, group * S, D]
+            out = out.view(batch, self.kv_heads, self.group, length, self.head_dim).permute(0, 3, 1, 2, 4)
+            x = x + attention.o_proj(out.reshape(batch, length, -1))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.model.lm_head(inner.norm(x[:, -1])).float()
+
+
+def capture_step(step: Callable[[], torch.Tensor]) -> tuple[Callable[[], None], torch.Tensor]:
+    """Capture `step` in a CUDA graph: (replay, the static output it refreshes on every replay).
+
+    One eager warm-up run on a side stream precedes the capture (it initialises the libraries'
+    workspaces); its writes are those of the first replay, which repeats them.
+    """
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        output = step()
+    return graph.replay, output
+
+
 class TorchRolloutEngine:
     """A RolloutEngine over `build_policy(model_spec, seed=seed)`, awake after construction.
 
-    EOS and PAD ids come from the model's tokenizer unless given.
+    EOS and PAD ids come from the model's tokenizer unless given. `cuda_graphs` (default: on for
+    CUDA devices) captures the decoding step once per `generate` call; `last_timing` holds the
+    seconds of the last call's prefill, capture and decode loop.
     """
 
     def __init__(
@@ -76,24 +189,31 @@ class TorchRolloutEngine:
         dtype: str | torch.dtype | None = None,
         eos_token_id: int | None = None,
         pad_token_id: int | None = None,
+        cuda_graphs: bool | None = None,
     ):
         self.device = torch.device(device)
         self.model = build_policy(model_spec, seed=seed, device=self.device, dtype=dtype)
         self.model.requires_grad_(False).eval()
+        if self.model.config.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"model {model_spec.path!r} is a {self.model.config.model_type!r} model; the torch rollout "
+                f"engine serves {', '.join(SUPPORTED_MODEL_TYPES)} models"
+            )
         if eos_token_id is None or pad_token_id is None:
             tokenizer = load_tokenizer(model_spec)
             eos_token_id = tokenizer.eos_token_id if eos_token_id is None else eos_token_id
             pad_token_id = tokenizer.pad_token_id if pad_token_id is None else pad_token_id
         self.eos_token_id = int(eos_token_id)
         self.pad_token_id = int(pad_token_id)
+        self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
+        if self.cuda_graphs and self.device.type != "cuda":
+            raise ValueError(f"cuda_graphs needs a CUDA device; this engine runs on {self.device}")
         # Parameters by every name they answer to (tied weights answer to two).
         self._weights = self.model.state_dict(keep_vars=True)
-        # transformers 5.2x renamed the forward's `past_key_values` to `cache`; accept both.
-        forward_parameters = inspect.signature(type(self.model).forward).parameters
-        self._cache_kw = "cache" if "cache" in forward_parameters else "past_key_values"
         self._mirror = HostMirror(device=self.device)
         self.asleep = False
         self.last_transfer: dict = {"direction": None, "bytes": 0, "seconds": 0.0}
+        self.last_timing: dict[str, float] = {}
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Generation:
         """Sample up to `params.max_new_tokens` per prompt; a row stops after its EOS token."""
@@ -107,32 +227,35 @@ class TorchRolloutEngine:
                 f"longest prompt ({ids.shape[1]} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds "
                 f"the model's {limit} positions; shorten the prompts or lower max_new_tokens"
             )
-        with torch.inference_mode(), sdpa_kernel(DECODE_ATTENTION_BACKENDS):
+        with torch.inference_mode():
             return self._decode(ids.to(self.device), mask.to(self.device), params)
 
     def _decode(self, ids: torch.Tensor, mask: torch.Tensor, params: SamplingParams) -> Generation:
-        batch, steps = ids.shape[0], params.max_new_tokens
+        (batch, width), steps = ids.shape, params.max_new_tokens
+        clock = _Clock(self.device)
         generator = torch.Generator(device=self.device).manual_seed(params.seed)
         tokens = torch.full((batch, steps), self.pad_token_id, dtype=torch.long, device=self.device)
         log_probs = torch.zeros((batch, steps), dtype=torch.float32, device=self.device)
         alive = torch.zeros((batch, steps), dtype=torch.float32, device=self.device)
         finished = torch.zeros(batch, dtype=torch.bool, device=self.device)
+        decoder = StaticKVDecoder(self.model, batch=batch, capacity=width + steps)
         positions = position_ids(mask)
-        cache = DynamicCache(config=self.model.config)
-        logits = (
-            self.model(
-                input_ids=ids,
-                attention_mask=mask,
-                position_ids=positions,
-                use_cache=True,
-                logits_to_keep=1,
-                **{self._cache_kw: cache},
-            )
-            .logits[:, -1]
-            .float()
-        )
-        next_position = positions[:, -1:] + 1
-        length = 0
+        logits = decoder.prefill(ids, mask, positions)
+        # The step's inputs live in fixed buffers that the loop refreshes before each run.
+        token_in = torch.zeros(batch, dtype=torch.long, device=self.device)
+        position_in = positions[:, -1] + 1
+        slot = torch.full((1,), width, dtype=torch.long, device=self.device)
+        timing = {"prefill_seconds": clock.lap()}
+        if self.cuda_graphs and steps > 1:
+            run, step_logits = capture_step(lambda: decoder.step(token_in, position_in, slot))
+        else:
+            step_logits = None
+
+            def run() -> None:
+                nonlocal step_logits
+                step_logits = decoder.step(token_in, position_in, slot)
+
+        timing["capture_seconds"] = clock.lap()
         for step in range(steps):
             token, log_prob = sample_tokens(
                 logits, temperature=params.temperature, top_p=params.top_p, generator=generator
@@ -142,22 +265,17 @@ class TorchRolloutEngine:
             log_probs[:, step] = log_prob.masked_fill(finished, 0.0)
             alive[:, step] = (~finished).float()
             finished = finished | (token == self.eos_token_id)
-            length = step + 1
-            if step + 1 == steps or bool(finished.all()):
+            if step + 1 == steps or ((step + 1) % FINISH_CHECK_EVERY == 0 and bool(finished.all())):
                 break
-            mask = torch.cat([mask, mask.new_ones((batch, 1))], dim=1)
-            logits = (
-                self.model(
-                    input_ids=token.unsqueeze(1),
-                    attention_mask=mask,
-                    position_ids=next_position,
-                    use_cache=True,
-                    **{self._cache_kw: cache},
-                )
-                .logits[:, -1]
-                .float()
-            )
-            next_position = next_position + 1
+            token_in.copy_(token)
+            run()
+            logits = step_logits
+            position_in.add_(1)
+            slot.add_(1)
+        # Columns past the last one any row was alive in are padding for every row.
+        length = int(alive.any(dim=0).nonzero().max()) + 1
+        timing["decode_seconds"] = clock.lap()
+        self.last_timing = timing
         return Generation(
             response_tokens=tokens[:, :length].cpu(),
             response_mask=alive[:, :length].cpu(),
@@ -217,3 +335,18 @@ def _check_params(params: SamplingParams) -> None:
         raise ValueError(f"temperature must be >= 0 (0 is greedy), got {params.temperature}")
     if not 0 < params.top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1], got {params.top_p}")
+
+
+class _Clock:
+    """Seconds between laps, the device's queued work included."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._last = time.perf_counter()
+
+    def lap(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        seconds, self._last = now - self._last, now
+        return seconds
