@@ -13,6 +13,7 @@ import re
 import uuid
 
 import pytest
+
 from local_cluster import LocalCluster
 
 

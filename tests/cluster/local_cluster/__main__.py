@@ -19,8 +19,7 @@ def main(argv: list[str] | None = None) -> int:
         "--state-dir",
         type=Path,
         default=None,
-        help="where pids, kubeconfig, certificates and logs live (default: %(default)s → "
-        f"{default_state_dir()})",
+        help=f"where pids, kubeconfig, certificates and logs live (default: %(default)s → {default_state_dir()})",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="build (or validate) the cached binaries; prints timings")
@@ -38,7 +37,10 @@ def main(argv: list[str] | None = None) -> int:
             record = builder.build(load_pins(), force=args.force)
             print(f"binaries: {builder.build_dir(load_pins()) / 'bin'}")
             if "timings_s" in record:
-                print(f"recorded fresh-build timings (s): {record['timings_s']}, total {record['total_s']}s")
+                print(
+                    f"timings recorded when these binaries were built (s): {record['timings_s']}, "
+                    f"total {record['total_s']}s"
+                )
             print(f"this invocation took {time.monotonic() - t:.1f}s")
             return 0
         if args.command == "up":

@@ -114,9 +114,7 @@ def write_k8s_module(pins: Pins, src: Path) -> None:
         f"\tgithub.com/ray-project/kuberay/ray-operator {pins['KUBERAY_VERSION']}\n"
         ")\n\nreplace (\n" + "\n".join(replaces) + "\n)\n"
     )
-    imports = "".join(
-        f'\t_ "{b.package}"\n' for b in BINARIES if b.module == "k8s" and not b.package.startswith(".")
-    )
+    imports = "".join(f'\t_ "{b.package}"\n' for b in BINARIES if b.module == "k8s" and not b.package.startswith("."))
     (src / "tools.go").write_text(f"//go:build tools\n\npackage tools\n\nimport (\n{imports})\n")
     (src / "cmd" / "etcd").mkdir(parents=True, exist_ok=True)
     (src / "cmd" / "etcd" / "main.go").write_text(ETCD_MAIN)
@@ -193,9 +191,7 @@ def build(pins: Pins | None = None, force: bool = False, out=sys.stdout) -> dict
         writer(pins, srcs[name])
         _run(["go", "mod", "tidy"], srcs[name], log)
         timings[f"modules:{name}"] = round(time.monotonic() - t, 1)
-        print(
-            f"  {'go mod tidy (' + name + ')':28s} {timings[f'modules:{name}']:7.1f}s", file=out, flush=True
-        )
+        print(f"  {'go mod tidy (' + name + ')':28s} {timings[f'modules:{name}']:7.1f}s", file=out, flush=True)
     for binary in BINARIES:
         target = bin_dir / binary.name
         if target.is_file() and not force:
@@ -247,7 +243,6 @@ def module_dir(pins: Pins, module: str) -> Path:
     path = Path(record.get("module_dirs", {}).get(module, ""))
     if not path.is_dir():
         raise BuildError(
-            f"module {module} is not in the Go module cache ({path}); "
-            "run `python -m local_cluster build --force`"
+            f"module {module} is not in the Go module cache ({path}); run `python -m local_cluster build --force`"
         )
     return path

@@ -202,9 +202,7 @@ class LocalCluster:
                 labels,
             )
         )
-        self.kubectl(
-            "wait", "--for=condition=Ready", f"node/{name}", f"--timeout={int(wait)}s", timeout=wait + 30
-        )
+        self.kubectl("wait", "--for=condition=Ready", f"node/{name}", f"--timeout={int(wait)}s", timeout=wait + 30)
 
     def delete_node(self, name: str) -> None:
         self.kubectl("delete", "node", name, "--ignore-not-found", "--wait=true")
@@ -382,13 +380,10 @@ class LocalCluster:
         record["apiserver_ready_s"] = round(t_api - t0, 1)
         record["ready_at_s"] = self._ready_at
         self._write_record(record)
-        self._say(
-            out, "ready at (s since start): " + ", ".join(f"{k} {v}" for k, v in self._ready_at.items())
-        )
+        self._say(out, "ready at (s since start): " + ", ".join(f"{k} {v}" for k, v in self._ready_at.items()))
         self._say(
             out,
-            f"local cluster ready in {record['started_s']}s "
-            f"(API server ready after {record['apiserver_ready_s']}s)",
+            f"local cluster ready in {record['started_s']}s (API server ready after {record['apiserver_ready_s']}s)",
         )
         self._say(out, f"kubeconfig: {self.kubeconfig}")
 
@@ -439,9 +434,7 @@ class LocalCluster:
             except (subprocess.SubprocessError, OSError, ValueError):
                 pass
             if time.monotonic() > deadline:
-                raise ClusterError(
-                    f"timed out waiting for {name} to become ready; log: {log}\n{_log_tail(log)}"
-                )
+                raise ClusterError(f"timed out waiting for {name} to become ready; log: {log}\n{_log_tail(log)}")
             time.sleep(0.25)
 
     def _nodes_ready(self) -> bool:
@@ -453,19 +446,13 @@ class LocalCluster:
         ready = {
             n["metadata"]["name"]
             for n in items
-            if any(
-                c["type"] == "Ready" and c["status"] == "True"
-                for c in n.get("status", {}).get("conditions", [])
-            )
+            if any(c["type"] == "Ready" and c["status"] == "True" for c in n.get("status", {}).get("conditions", []))
         }
         return wanted <= ready
 
     def _default_sa_exists(self) -> bool:
         return (
-            self.kubectl(
-                "get", "serviceaccount", "default", "-n", "default", check=False, timeout=20
-            ).returncode
-            == 0
+            self.kubectl("get", "serviceaccount", "default", "-n", "default", check=False, timeout=20).returncode == 0
         )
 
     def _apply_crds(self) -> None:
@@ -489,12 +476,8 @@ class LocalCluster:
         conf.mkdir(exist_ok=True)
         for client in ("controller-manager", "scheduler"):
             (conf / f"{client}.kubeconfig").write_text(kubeconfig_text(self.server, pki, client, client))
-        (conf / "kube-scheduler.yaml").write_text(
-            manifests.scheduler_config(conf / "scheduler.kubeconfig", None)
-        )
-        (conf / "gang-scheduler.yaml").write_text(
-            manifests.scheduler_config(self.kubeconfig, GANG_SCHEDULER_NAME)
-        )
+        (conf / "kube-scheduler.yaml").write_text(manifests.scheduler_config(conf / "scheduler.kubeconfig", None))
+        (conf / "gang-scheduler.yaml").write_text(manifests.scheduler_config(self.kubeconfig, GANG_SCHEDULER_NAME))
 
     def _etcd_args(self, data: Path) -> list[str]:
         client, peer = f"http://{HOST}:{PORTS['etcd']}", f"http://{HOST}:{PORTS['etcd-peer']}"

@@ -67,9 +67,7 @@ class Pins:
         for item in self.values.get("KUBERNETES_STAGING_OVERRIDES", "").split():
             module, _, version = item.partition("=")
             if not version:
-                raise PinError(
-                    f"{VERSIONS_FILE}: KUBERNETES_STAGING_OVERRIDES item {item!r} is not module=version"
-                )
+                raise PinError(f"{VERSIONS_FILE}: KUBERNETES_STAGING_OVERRIDES item {item!r} is not module=version")
             out[module] = version
         return out
 

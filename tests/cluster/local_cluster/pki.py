@@ -77,9 +77,7 @@ def ensure_pki(pki: Path) -> Path:
     if (pki / "complete").exists():
         return pki
     if shutil.which("openssl") is None:
-        raise PKIError(
-            "`openssl` is not on PATH (Debian package openssl): needed for the cluster's certificates"
-        )
+        raise PKIError("`openssl` is not on PATH (Debian package openssl): needed for the cluster's certificates")
     if pki.exists():
         shutil.rmtree(pki)
     pki.mkdir(parents=True)

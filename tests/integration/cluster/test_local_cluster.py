@@ -4,10 +4,12 @@ fake nodes, all-or-nothing gang scheduling, KubeRay, garbage collection, tokens 
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 import uuid
 
 import pytest
+
 from local_cluster import GANG_SCHEDULER_NAME, load_pins
 
 pytestmark = pytest.mark.cluster
@@ -49,10 +51,16 @@ def gpu_pod(name: str, gpus: int, **extra_spec) -> str:
 
 def test_kubectl_version_reports_real_server_version(local_cluster):
     version = json.loads(local_cluster.kubectl("version", "-o", "json").stdout)
-    expected = load_pins().kubernetes
+    pins = load_pins()
+    expected = pins.kubernetes
     assert version["serverVersion"]["gitVersion"] == expected
     assert version["clientVersion"]["gitVersion"] == expected
     assert version["serverVersion"]["minor"] == expected.split(".")[1]
+    binary = subprocess.run(
+        [str(local_cluster.bin_dir / "kube-apiserver"), "--version"], capture_output=True, text=True, check=True
+    )
+    assert binary.stdout.strip() == f"Kubernetes {expected}"
+    assert local_cluster.helm("version", "--short").stdout.strip().split("+")[0] == pins["HELM_VERSION"]
 
 
 def test_crd_schema_rejects_invalid_object_with_apiserver_message(local_cluster):
@@ -113,9 +121,7 @@ def test_gpu_pod_runs_on_fake_node_and_oversized_one_stays_pending(local_cluster
     ns = k8s_namespace
     local_cluster.kubectl("apply", "-n", ns, "-f", "-", input=gpu_pod("eight", 8))
     local_cluster.kubectl("apply", "-n", ns, "-f", "-", input=gpu_pod("too-many", 64))
-    local_cluster.kubectl(
-        "wait", "-n", ns, "--for=jsonpath={.status.phase}=Running", "pod/eight", "--timeout=90s"
-    )
+    local_cluster.kubectl("wait", "-n", ns, "--for=jsonpath={.status.phase}=Running", "pod/eight", "--timeout=90s")
     pod = get_json(local_cluster, "-n", ns, "pod/eight")
     node = get_json(local_cluster, "node", pod["spec"]["nodeName"])
     assert node["metadata"]["annotations"].get("kwok.x-k8s.io/node") == "fake"
@@ -124,11 +130,7 @@ def test_gpu_pod_runs_on_fake_node_and_oversized_one_stays_pending(local_cluster
     def unschedulable():
         p = get_json(local_cluster, "-n", ns, "pod/too-many")
         for cond in p["status"].get("conditions", []):
-            if (
-                cond["type"] == "PodScheduled"
-                and cond["status"] == "False"
-                and cond.get("reason") == "Unschedulable"
-            ):
+            if cond["type"] == "PodScheduled" and cond["status"] == "False" and cond.get("reason") == "Unschedulable":
                 return p, cond
         return None
 
@@ -205,9 +207,7 @@ def test_gang_keeps_all_members_unbound_until_all_fit(local_cluster, k8s_namespa
         placed = {get_json(local_cluster, "-n", ns, f"pod/{m}")["spec"]["nodeName"] for m in members}
         assert placed == set(nodes)
     finally:
-        local_cluster.kubectl(
-            "delete", "pods", "--all", "-n", ns, "--wait=true", "--timeout=60s", check=False
-        )
+        local_cluster.kubectl("delete", "pods", "--all", "-n", ns, "--wait=true", "--timeout=60s", check=False)
         for node in nodes:
             local_cluster.delete_node(node)
 
@@ -276,9 +276,7 @@ def test_deleting_owner_garbage_collects_owned_objects(local_cluster, k8s_namesp
         },
     }
     local_cluster.apply(json.dumps(owned))
-    local_cluster.kubectl(
-        "create", "deployment", "web", "-n", ns, "--image=registry.invalid/web:none", "--replicas=2"
-    )
+    local_cluster.kubectl("create", "deployment", "web", "-n", ns, "--image=registry.invalid/web:none", "--replicas=2")
     wait_until(
         lambda: len(get_json(local_cluster, "-n", ns, "pods", "-l", "app=web")["items"]) == 2,
         60,
