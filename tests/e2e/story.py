@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+
 from local_cluster import LocalCluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -69,7 +70,16 @@ class Story:
         return json.loads(self.kubectl("get", "ppojob", self.job_name, "-n", JOB_NAMESPACE, "-o", "json"))
 
     # -- the steps ---------------------------------------------------------------------------
+    def adopt_existing_crds(self) -> None:
+        """CRDs applied by hand (e.g. by other tests on a shared dev cluster) are handed to the release."""
+        for crd in ("ppojobs.ppojob.io", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"):
+            if self.kubectl("get", "crd", crd, "--ignore-not-found", "-o", "name").strip():
+                self.kubectl("label", "--overwrite", "crd", crd, "app.kubernetes.io/managed-by=Helm")
+                self.kubectl("annotate", "--overwrite", "crd", crd, f"meta.helm.sh/release-name={RELEASE}",
+                             f"meta.helm.sh/release-namespace={OPERATOR_NAMESPACE}")
+
     def install_chart(self) -> None:
+        self.adopt_existing_crds()
         self.say(f"helm install {RELEASE} charts/ppojob-operator (trainerLauncher=local, one replica)")
         self.snapshots["helm-install"] = self.cluster.helm(
             "install", RELEASE, str(CHART), "--namespace", OPERATOR_NAMESPACE, "--create-namespace",
@@ -89,23 +99,24 @@ class Story:
             "contexts": [{"name": "operator", "context": {"cluster": "local", "user": OPERATOR_SA}}],
         }))
         env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PATH": f"{self.cluster.bin_dir}:{os.environ['PATH']}"}
-        log = open(self.work_dir / "operator.log", "ab")
-        self._operator = subprocess.Popen(
-            [str(Path(sys.executable).parent / "ppo-operator"), "--launcher", "local",
-             "--peering", OPERATOR_SA, "--priority", "100", "--gang-schedulers", "Coscheduling",
-             "--state-dir", str(self.work_dir / "operator-state"),
-             "--stats-file", str(self.work_dir / "operator-api-calls.json")],
-            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
+        with open(self.work_dir / "operator.log", "ab") as log:  # the child keeps its own copy
+            self._operator = subprocess.Popen(
+                [str(Path(sys.executable).parent / "ppo-operator"), "--launcher", "local",
+                 "--peering", OPERATOR_SA, "--priority", "100", "--gang-schedulers", "Coscheduling",
+                 "--state-dir", str(self.work_dir / "operator-state"),
+                 "--stats-file", str(self.work_dir / "operator-api-calls.json")],
+                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )
         self.say(f"operator running here as system:serviceaccount:{OPERATOR_NAMESPACE}:{OPERATOR_SA} "
                  f"(pid {self._operator.pid}, log {self.work_dir / 'operator.log'})")
 
     def apply_job(self) -> None:
-        self._watch = subprocess.Popen(
-            [str(self.cluster.bin_dir / "kubectl"), "--kubeconfig", str(self.cluster.kubeconfig),
-             "get", "ppojobs", "-n", JOB_NAMESPACE, "-w"],
-            stdout=open(self.work_dir / "get-ppojobs-w.txt", "wb"), stderr=subprocess.STDOUT,
-        )
+        with open(self.work_dir / "get-ppojobs-w.txt", "wb") as watch_log:
+            self._watch = subprocess.Popen(
+                [str(self.cluster.bin_dir / "kubectl"), "--kubeconfig", str(self.cluster.kubeconfig),
+                 "get", "ppojobs", "-n", JOB_NAMESPACE, "-w"],
+                stdout=watch_log, stderr=subprocess.STDOUT,
+            )
         self.say("kubectl apply -f examples/tiny-ppojob.yaml")
         self.kubectl("apply", "-n", JOB_NAMESPACE, "-f", str(EXAMPLE))
 
@@ -206,7 +217,7 @@ class Story:
             if names:
                 left[kind] = names
         crds = self.kubectl("get", "crds", "-o", "name").split()
-        left_crds = [c for c in crds if c.endswith("ppojob.io") or c.endswith("kopf.dev")]
+        left_crds = [c for c in crds if c.endswith(("ppojob.io", "kopf.dev"))]
         if left_crds:
             left["crds"] = left_crds
         self.say("helm uninstall left nothing behind" if not left else f"left behind: {left}")
