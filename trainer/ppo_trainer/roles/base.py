@@ -4,7 +4,10 @@ A `RoleWorker` is a plain Python class (Ray turns it into an actor in `roles/gro
 use it in-process). It owns one rank's backend and its `Residency`; `turn(action)` wakes the
 rank, checks it is awake, runs the work, and puts it back to sleep when train-side offload is on,
 so actor, critic and reference take turns on the same devices. Every transition is recorded and
-handed to the driver by `drain_transitions`. Backends are built by `build_backend`, the one place
+handed to the driver by `drain_transitions`. With several ranks, the actor's and the critic's
+ranks form a data-parallel group (`distributed.py`) that is built right after they wake and
+destroyed right before they sleep; waking is then collective, so a multi-rank role is always
+called on all its ranks at once (`RoleGroup`). Backends are built by `build_backend`, the one place
 that knows which backend class serves which `spec.actor.backend`. Must not depend on Ray.
 """
 
@@ -18,6 +21,7 @@ from collections.abc import Iterator
 import torch
 from ppo_trainer.backends.base import TrainBackend
 from ppo_trainer.batch import RolloutBatch
+from ppo_trainer.distributed import DataParallelGroup
 from ppo_trainer.offload import Residency, Transition
 from ppojob_api.spec import PPOJobSpec
 from ppojob_api.vocabulary import TrainBackend as BackendKind
@@ -55,6 +59,10 @@ def use_all_cores(device: str) -> None:
         torch.set_num_threads(os.cpu_count() or 1)
 
 
+DATA_PARALLEL_ROLES = ("actor", "critic")
+"""The roles that train, and so average their gradients over their ranks."""
+
+
 class RoleWorker:
     """One rank of a training role; subclasses add the role's work."""
 
@@ -69,16 +77,44 @@ class RoleWorker:
         self.offload = offload
         self._transitions: list[Transition] = []
         self.residency = Residency.for_train_role(self.role, rank=rank, listener=self._transitions.append)
+        self.data_parallel = None
+        if world_size > 1 and self.role in DATA_PARALLEL_ROLES:
+            self.data_parallel = DataParallelGroup(
+                role=self.role, rank=rank, world_size=world_size, device=device, listener=self._transitions.append
+            )
         self.backend = build_backend(spec, role=self.role, device=device)
         if offload:
             self.sleep()
 
     # Explicit transitions: idempotent (a second sleep is a no-op).
     def sleep(self) -> bool:
+        if self.data_parallel is not None:
+            self.data_parallel.disconnect()  # before the role sleeps: a sleeping role holds no communicator
         return self.residency.sleep(self.backend.offload)
 
     def wake(self) -> bool:
-        return self.residency.wake(self.backend.onload)
+        changed = self.residency.wake(self.backend.onload)
+        if self.data_parallel is not None:
+            self.data_parallel.connect()  # after it wakes, together with the role's other ranks
+        return changed
+
+    # The data-parallel group's rendezvous, set up once by the driver (RoleGroup.setup_data_parallel).
+    def host_data_parallel(self, address: str) -> tuple[str, int]:
+        return self._require_data_parallel().host(address)
+
+    def join_data_parallel(self, address: str, port: int) -> None:
+        """Attach to rank 0's store; an awake rank builds the group now (every rank is called at once)."""
+        group = self._require_data_parallel()
+        group.attach(address, port)
+        if self.residency.awake:
+            group.connect()
+
+    def _require_data_parallel(self) -> DataParallelGroup:
+        if self.data_parallel is None:
+            raise RuntimeError(
+                f"{self.role}[{self.rank}] has no data-parallel group (a single rank, or a role that does not train)"
+            )
+        return self.data_parallel
 
     def state(self) -> str:
         return self.residency.state
