@@ -3,7 +3,10 @@ Disaggregated weight-sync link disconnected before the actor sleeps and connecte
 
 from __future__ import annotations
 
+import pytest
+import ray
 from conftest import tiny_spec
+
 from ppo_trainer.reporting import Recorder
 from ppo_trainer.roles.build import build_roles, compute_layout
 from ppo_trainer.train import run_on
@@ -68,6 +71,8 @@ def test_offload_disaggregated_link_follows_residency(ray_session):
         ]
         assert actor_side == one_turn * 3  # log-probs, train, broadcast of the weights
         assert roles.actor.call("link_state") == ["Disconnected"]
-        assert roles.rollout.call("link_connected") == [False]
+        # The engine's end of the group is gone too: a bucket sent now is refused by name.
+        with pytest.raises(ray.exceptions.RayTaskError, match="weight_update_group is not connected"):
+            roles.rollout.call("update_weights_from_distributed", names=[], dtypes=[], shapes=[], group_name="weight_update_group")
     finally:
         roles.shutdown()

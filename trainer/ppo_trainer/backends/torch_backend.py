@@ -3,8 +3,11 @@
 It implements `TrainBackend` with plain PyTorch on any device (cpu here, cuda on GPUs):
 micro-batched forward passes over the RolloutBatch layout, gradient accumulation, grad-norm
 clipping, one optimizer step per `train` call, and offload/onload as an explicit two-state
-machine (on device <-> on host) that moves parameters, gradients and optimizer state. It knows
-no PPO: the loss comes from the caller. Must not depend on Ray, process groups or the PPO loop.
+machine (on device <-> on host) that moves parameters, gradients and optimizer state. With
+several data-parallel ranks (torch.distributed's default group, which roles/base.py builds while
+the role is awake) the accumulated gradients are averaged over the ranks before clipping, so the
+ranks take identical steps. It knows no PPO: the loss comes from the caller. Must not depend on
+Ray or the PPO loop, nor build process groups itself.
 """
 
 from __future__ import annotations
@@ -15,14 +18,15 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from ppojob_api.spec import ModelSpec
 
 from ppo_trainer.algorithms import entropy_from_logits, log_probs_from_logits
 from ppo_trainer.backends.base import LossFn
 from ppo_trainer.batch import RolloutBatch
+from ppo_trainer.distributed import average_gradients
 from ppo_trainer.models.builtin import build_policy, build_value_model, resolve_dtype
 from ppo_trainer.models.residency import HostMirror
 from ppo_trainer.rollout.layout import position_ids
+from ppojob_api.spec import ModelSpec
 
 ROLES = ("actor", "critic", "ref")
 
@@ -111,7 +115,9 @@ class TorchBackend:
         """One optimizer step over the batch; micro-batch losses are weighted by their share of rows.
 
         loss_fn receives this backend's outputs for the micro-batch ([b, T], on the backend's
-        device; policies get "log_probs" and "entropy") and the batch row indices. Returns the
+        device; policies get "log_probs" and "entropy") and the batch row indices. With several
+        data-parallel ranks the gradients are then averaged over them (each rank's `batch` is its
+        shard, so the step equals one over the whole batch with the same micro-batches). Returns the
         row-weighted averages of "loss" and loss_fn's stats, plus "grad_norm" (before clipping)
         and "skipped" (1.0 when a non-finite gradient norm skipped the step).
         """
@@ -130,6 +136,7 @@ class TorchBackend:
             totals["loss"] += weight * float(loss.detach())
             for key, value in stats.items():
                 totals[key] = totals.get(key, 0.0) + weight * float(value)
+        average_gradients(self.model.parameters())
         max_norm = self.max_grad_norm if self.max_grad_norm > 0 else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
         finite = math.isfinite(grad_norm)

@@ -3,14 +3,17 @@
 `train` receives the critic's `CriticOutput` for this rank as `external_data` (Ray resolved the
 ObjectRef before the task started), derives the same targets the critic used, checks the
 returns agree, whitens the advantages and runs `ppo.epochs` clipped-policy-loss passes. In the
-Disaggregated layout rank 0 owns the weight-sync link to the engines: connected right after it
-wakes and disconnected right before it sleeps, each a reported transition. Must not depend on
-Ray except through `roles/link.py`.
+Disaggregated layout rank 0 owns the weight-update group with the rollout workers
+(`DistributedWeightSync`, built by `roles/link.py`): connected right after it wakes, broadcast in
+buckets, disconnected right before it sleeps, each a reported transition of the same offload
+state machine. Weight hand-offs are called on every rank (waking a multi-rank role is
+collective); rank 0 sends. Must not depend on Ray except through `roles/link.py`.
 """
 
 from __future__ import annotations
 
 import torch
+
 from ppo_trainer.algorithms import load_advantage_function, masked_mean, masked_whiten, policy_loss
 from ppo_trainer.batch import CriticOutput, RolloutBatch
 from ppo_trainer.offload import Residency
@@ -22,30 +25,31 @@ class ActorWorker(RoleWorker):
     role = "actor"
 
     def __init__(
-        self, spec, *, rank: int, world_size: int, device: str, offload: bool, link_engines: list | None = None
+        self, spec, *, rank: int, world_size: int, device: str, offload: bool, rollout_workers: list | None = None
     ) -> None:
         self.link: Residency | None = None  # set below; sleep() during setup must see it
         super().__init__(spec, rank=rank, world_size=world_size, device=device, offload=offload)
         ref = spec.ppo.custom_advantage_function
         self.advantage_fn = load_advantage_function(ref) if ref else None
         self.received: CriticOutput | None = None
-        if link_engines and rank == 0:
-            from ppo_trainer.roles.link import ActorSide
+        if rollout_workers and rank == 0:
+            from ppo_trainer.distributed import process_group_backend
+            from ppo_trainer.roles.link import build_weight_sync
 
-            self._link = ActorSide(link_engines)
+            self._sync = build_weight_sync(rollout_workers, backend=process_group_backend(device))
             self.link = Residency.for_link("actor.weight_sync", rank=rank, listener=self._transitions.append)
             if self.residency.awake:
-                self.link.wake(self._link.connect)
+                self.link.wake(self._sync.connect)
 
     def wake(self) -> bool:
         changed = super().wake()
         if self.link is not None:
-            self.link.wake(self._link.connect)
+            self.link.wake(self._sync.connect)
         return changed
 
     def sleep(self) -> bool:
         if self.link is not None:
-            self.link.sleep(self._link.disconnect)
+            self.link.sleep(self._sync.disconnect)
         return super().sleep()
 
     def train(
@@ -102,17 +106,21 @@ class ActorWorker(RoleWorker):
         return {**passes[-1], "policy_loss": passes[0]["policy_loss"], "kl": targets.kl}
 
     def export_weights(self) -> dict[str, torch.Tensor]:
-        """The policy's weights as CPU tensors (Colocate: they travel to the engines through Ray)."""
+        """Rank 0: the policy's weights as CPU tensors (Colocate: they travel to the engines through Ray).
+        The other ranks, whose weights are the same, take their turn and return nothing."""
         with self.turn("export weights"):
+            if self.rank != 0:
+                return {}
             return {name: tensor.detach().to("cpu", copy=True) for name, tensor in self.backend.named_weights()}
 
     def broadcast_weights(self) -> None:
-        """Disaggregated: send the weights to the engines over the weight-sync group."""
-        if self.link is None:
+        """Disaggregated: rank 0 sends the weights to the engines over the weight-update group."""
+        if self.rank == 0 and self.link is None:
             raise RuntimeError("broadcast_weights needs the weight-sync link of actor rank 0 (Disaggregated layout)")
         with self.turn("broadcast weights"):
-            self.link.require_awake("broadcast weights")
-            self._link.broadcast(self.backend.named_weights())
+            if self.link is not None:
+                self.link.require_awake("broadcast weights")
+                self._sync.broadcast(self.backend.named_weights())
 
     def link_state(self) -> str | None:
         return self.link.state if self.link is not None else None

@@ -6,14 +6,21 @@ ranks and rollout engines there are and what one bundle holds ({"GPU": 1, "CPU":
 share of it; the rollout engines share those bundles when placement is Colocate and get a
 placement group of their own when Disaggregated. A role's device follows its share: a GPU share
 means "cuda". `build_roles` waits for the placement groups for a bounded time and fails with
-what was asked and what the cluster has, instead of hanging.
+what was asked and what the cluster has, instead of hanging; it then sets up the data-parallel
+groups of the actor and the critic. An SGLang engine's server is launched by its rollout worker,
+on the worker's bundle; `builtin_sglang_server` serves it with the built-in server instead (tests
+and development on CPUs), through the same launcher.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
 from ppo_trainer.offload import Transition
 from ppo_trainer.roles.actor import ActorWorker
 from ppo_trainer.roles.critic import CriticWorker
@@ -22,8 +29,9 @@ from ppo_trainer.roles.ref import RefWorker
 from ppo_trainer.roles.rollout import RolloutWorker
 from ppojob_api.spec import PPOJobSpec
 from ppojob_api.vocabulary import Placement
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ppojob_api.vocabulary import RolloutEngine as EngineKind
+
+logger = logging.getLogger(__name__)
 
 
 class PlacementError(RuntimeError):
@@ -94,13 +102,14 @@ class Roles:
         return [g for g in (self.rollout, self.actor, self.critic, self.ref) if g is not None]
 
     def sync_weights(self) -> None:
-        """New actor weights to every engine: through Ray when colocated, over the link when not."""
-        actor0 = self.actor.handles[0]
+        """New actor weights to every engine: through Ray when colocated, over the weight-update group when
+        not (the engines wake first to take them). Every actor rank takes the turn; rank 0 sends."""
         if self.layout.colocate:
-            weights = actor0.export_weights.remote()
-            ray.get([engine.update_weights.remote(weights) for engine in self.rollout.handles])
+            exported = self.actor.async_call("export_weights")
+            ray.get([engine.update_weights.remote(exported[0]) for engine in self.rollout.handles] + list(exported))
         else:
-            ray.get(actor0.broadcast_weights.remote())
+            self.rollout.call("wake")
+            self.actor.call("broadcast_weights")
 
     def poll(self) -> tuple[list[Transition], dict[str, str]]:
         """Every rank's transitions since the last poll (in time order), and each role's state (rank 0's)."""
@@ -111,6 +120,10 @@ class Roles:
         return transitions, {g.role: s for g, s in zip(self.groups, states)}
 
     def shutdown(self) -> None:
+        try:  # the servers the engines launched run in their own process groups: stop them first
+            ray.get([handle.close.remote() for handle in self.rollout.handles], timeout=60)
+        except Exception:  # a dead worker's servers are beyond reach; kill the rest anyway
+            logger.warning("stopping the rollout servers failed; killing the workers anyway", exc_info=True)
         for group in self.groups:
             group.kill()
         for pg in self.placement_groups:
@@ -127,7 +140,14 @@ def _wait(pg: PlacementGroup, *, what: str, bundles: list[dict], timeout: float)
         )
 
 
-def build_roles(spec: PPOJobSpec, layout: Layout, *, timeout: float) -> Roles:
+def build_roles(spec: PPOJobSpec, layout: Layout, *, timeout: float, builtin_sglang_server: bool = False) -> Roles:
+    """Place and build every role. `builtin_sglang_server` (tests, development) serves rollout.engine
+    SGLang with the built-in server, which speaks SGLang's protocol and runs on a CPU."""
+    if spec.rollout.engine == EngineKind.SGLANG and not layout.use_gpus and not builtin_sglang_server:
+        raise PlacementError(
+            "rollout.engine SGLang needs GPUs (SGLang is CUDA-only) and this cluster has none: "
+            "use rollout.engine Torch on CPUs"
+        )
     train_bundles = [dict(layout.bundle) for _ in range(layout.train_ranks)]
     train_pg = placement_group(train_bundles, strategy="PACK")
     _wait(train_pg, what="training", bundles=train_bundles, timeout=timeout)
@@ -151,12 +171,12 @@ def build_roles(spec: PPOJobSpec, layout: Layout, *, timeout: float) -> Roles:
     engines = [
         ray.remote(RolloutWorker)
         .options(**on(rollout_pg, engine_bundle[rank], engine_share))
-        .remote(spec, rank=rank, device=layout.device)
+        .remote(spec, rank=rank, device=layout.device, builtin_server=builtin_sglang_server)
         for rank in range(layout.rollout_engines)
     ]
     share, ranks = layout.share(shared=True), range(layout.train_ranks)
     common = {"world_size": layout.train_ranks, "device": layout.device, "offload": offload}
-    link = None if layout.colocate else engines
+    workers = None if layout.colocate else engines
 
     def group(cls, role: str, **extra) -> RoleGroup:
         handles = [
@@ -168,10 +188,17 @@ def build_roles(spec: PPOJobSpec, layout: Layout, *, timeout: float) -> Roles:
     roles = Roles(
         layout=layout,
         rollout=RoleGroup("rollout", engines),
-        actor=group(ActorWorker, "actor", link_engines=link),
+        actor=group(ActorWorker, "actor", rollout_workers=workers),
         ref=group(RefWorker, "ref"),
         critic=group(CriticWorker, "critic") if layout.with_critic else None,
         placement_groups=pgs,
     )
-    ray.get([h.state.remote() for g in roles.groups for h in g.handles])  # constructors done
+    try:
+        ray.get([h.state.remote() for g in roles.groups for h in g.handles])  # constructors done
+        for trained in (roles.actor, roles.critic):
+            if trained is not None:
+                trained.setup_data_parallel()
+    except BaseException:
+        roles.shutdown()  # no server or placement group outlives a failed build
+        raise
     return roles

@@ -5,6 +5,8 @@ ObjectRefs without waiting. An argument wrapped in `PerRank` (a list with one en
 as every group call returns) is split so that rank i gets entry i; everything else goes to every
 rank. Top-level ObjectRef arguments are resolved by Ray before the task runs, so a rank of the
 actor receives the critic's output for the same rank while the driver only ever holds refs.
+`setup_data_parallel` publishes the rendezvous address of a training role's data-parallel group:
+rank 0 hosts it on its node and every rank attaches to it.
 """
 
 from __future__ import annotations
@@ -58,6 +60,15 @@ class RoleGroup:
                 raise TypeError("external_data must be the PerRank list of refs another group's call returned")
             kwargs["external_data"] = external_data
         return self.async_call("train", *args, num_returns=num_returns, **kwargs)
+
+    def setup_data_parallel(self) -> None:
+        """Rank 0 hosts the group's store on its node; every rank attaches (awake ranks build the group)."""
+        if self.world_size == 1:
+            return
+        leader = self.handles[0]
+        host = ray.get(leader.__ray_call__.remote(lambda _worker: ray.util.get_node_ip_address()))
+        address = ray.get(leader.host_data_parallel.remote(host))
+        self.call("join_data_parallel", *address)
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Run `method` on every rank and wait for the results."""

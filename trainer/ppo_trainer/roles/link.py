@@ -1,85 +1,64 @@
-"""The weight-sync group of the Disaggregated layout: actor rank 0 broadcasts to the rollout engines.
+"""The roles' one dependency on Ray: rollout workers seen as weight-sync targets, and this node's address.
 
-A torch.distributed gloo group (rank 0 = actor rank 0, ranks 1..n = the engines), built from a
-TCP store that the actor hosts, without touching any default process group. `connect` builds it
-(the engines join through a Ray call), `disconnect` destroys it on both sides; the actor does the
-first after it wakes and the second before it sleeps (the seed framework's fix). `broadcast`
-sends the named weights: their names, shapes and dtypes through Ray, the data through the group.
-Gloo works on CPU tensors; a GPU build swaps in NCCL here without touching the roles.
+In the Disaggregated layout actor rank 0 drives `rollout/weight_sync.py:DistributedWeightSync`,
+the one implementation of the weight-update group's handshake, with one `RayWorkerTarget` per
+rollout worker: each call (init the group, a bucket of update_weights_from_distributed, destroy,
+pause, flush, continue) is a Ray call on the worker, which answers it with its engine's end of
+the group (SGLang servers over HTTP, or the built-in torch engine in the worker's own process).
+Names, shapes and dtypes travel through Ray; the tensors travel through the group.
 """
 
 from __future__ import annotations
 
-import datetime
-import socket
-from collections.abc import Iterable
+from typing import Any
 
 import ray
-import torch
-import torch.distributed as dist
 
-TIMEOUT = datetime.timedelta(seconds=120)
-WeightMeta = list[tuple[str, tuple[int, ...], str]]
+from ppo_trainer.rollout.weight_sync import DistributedWeightSync
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
+def node_ip() -> str:
+    """The address other nodes reach this process's node at."""
+    return ray.util.get_node_ip_address()
 
 
-class ActorSide:
-    """Rank 0 of the group, living in actor rank 0."""
+class RayWorkerTarget:
+    """A `WeightSyncTarget` over a rollout worker's Ray handle (roles/rollout.py:RolloutWorker)."""
 
-    def __init__(self, engines: list) -> None:
-        self.engines = engines
-        self._store = None
-        self._group = None
-
-    def connect(self) -> None:
-        host, port, world = ray.util.get_node_ip_address(), _free_port(), len(self.engines) + 1
-        self._store = dist.TCPStore(host, port, world, True, timeout=TIMEOUT, wait_for_workers=False)
-        joined = [engine.join_link.remote(host, port, rank, world) for rank, engine in enumerate(self.engines, 1)]
-        self._group = dist.ProcessGroupGloo(self._store, 0, world, TIMEOUT)
-        ray.get(joined)
-
-    def disconnect(self) -> None:
-        ray.get([engine.leave_link.remote() for engine in self.engines])
-        self._group, self._store = None, None
-
-    def broadcast(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
-        tensors = [(name, tensor.detach().to("cpu").contiguous()) for name, tensor in named]
-        meta: WeightMeta = [(name, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for name, t in tensors]
-        received = [engine.receive_weights.remote(meta) for engine in self.engines]
-        for _, tensor in tensors:
-            self._group.broadcast(tensor, 0).wait()
-        ray.get(received)
-
-
-class EngineSide:
-    """Ranks 1..n of the group, one per rollout engine."""
-
-    def __init__(self) -> None:
-        self._store = None
-        self._group = None
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+        self._ranks: int | None = None
 
     @property
-    def connected(self) -> bool:
-        return self._group is not None
+    def ranks(self) -> int:
+        if self._ranks is None:
+            self._ranks = int(ray.get(self.handle.weight_sync_ranks.remote()))
+        return self._ranks
 
-    def join(self, host: str, port: int, rank: int, world: int) -> None:
-        self._store = dist.TCPStore(host, port, world, False, timeout=TIMEOUT)
-        self._group = dist.ProcessGroupGloo(self._store, rank, world, TIMEOUT)
+    def _call(self, method: str, **kwargs: Any) -> None:
+        ray.get(getattr(self.handle, method).remote(**kwargs))
 
-    def leave(self) -> None:
-        self._group, self._store = None, None
+    def init_weights_update_group(self, **kwargs: Any) -> None:
+        self._call("init_weights_update_group", **kwargs)
 
-    def receive(self, meta: WeightMeta) -> list[tuple[str, torch.Tensor]]:
-        if self._group is None:
-            raise RuntimeError("weight-sync group is not connected: the actor must connect before broadcasting")
-        received = []
-        for name, shape, dtype in meta:
-            tensor = torch.empty(shape, dtype=getattr(torch, dtype))
-            self._group.broadcast(tensor, 0).wait()
-            received.append((name, tensor))
-        return received
+    def update_weights_from_distributed(self, **kwargs: Any) -> None:
+        self._call("update_weights_from_distributed", **kwargs)
+
+    def destroy_weights_update_group(self, **kwargs: Any) -> None:
+        self._call("destroy_weights_update_group", **kwargs)
+
+    def pause_generation(self) -> None:
+        self._call("pause_generation")
+
+    def flush_cache(self) -> None:
+        self._call("flush_cache")
+
+    def continue_generation(self) -> None:
+        self._call("continue_generation")
+
+
+def build_weight_sync(workers: list[Any], *, backend: str) -> DistributedWeightSync:
+    """Actor rank 0's end of the weight-update group with every rollout worker, hosted on this node."""
+    return DistributedWeightSync(
+        targets=[RayWorkerTarget(handle) for handle in workers], master_address=node_ip(), backend=backend
+    )

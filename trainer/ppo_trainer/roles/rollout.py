@@ -2,18 +2,28 @@
 
 `generate` returns two objects (two Ray return refs): the scored `RolloutBatch`, which goes to
 the training ranks without passing through the driver, and small statistics the driver reads.
-Weights arrive either as a dict of CPU tensors through Ray (Colocate) or over the weight-sync
-group (Disaggregated, `roles/link.py`). `merge_batches` joins the engines' parts into one batch.
 Engines are built by `build_engine`, the one place that knows which class serves which
-`spec.rollout.engine`. Must not depend on Ray except through `roles/link.py`.
+`spec.rollout.engine`: the built-in torch engine in this process, or an SGLang server that this
+worker launches on its bundle (`rollout/sglang/launcher.py`) and drives through
+`SGLangRolloutEngine`; its URL is exposed (`server_urls`) and it is stopped by `close`. Weights
+arrive either as a dict of CPU tensors through Ray (Colocate; SGLang then loads them with
+/update_weights_from_tensor) or over the actor's weight-update group (Disaggregated): the worker
+answers the group's calls (`WeightSyncTarget`) with its engine's end of the group, the SGLang
+server's over HTTP or a `WeightsReceiver` for the torch engine, so one handshake serves both.
+`merge_batches` joins the engines' parts into one batch. Must not depend on Ray except through
+`roles/link.py`.
 """
 
 from __future__ import annotations
 
+import tempfile
 import time
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+
 from ppo_trainer.batch import RolloutBatch
 from ppo_trainer.data import Prompt
 from ppo_trainer.offload import Residency, Transition
@@ -21,6 +31,7 @@ from ppo_trainer.rewards import build_reward
 from ppo_trainer.roles.base import use_all_cores
 from ppo_trainer.rollout.base import RolloutEngine, SamplingParams
 from ppo_trainer.rollout.layout import build_rollout_batch
+from ppo_trainer.rollout.weight_sync import WeightsReceiver, WeightSyncTarget
 from ppojob_api.spec import PPOJobSpec
 from ppojob_api.vocabulary import RewardType
 from ppojob_api.vocabulary import RolloutEngine as EngineKind
@@ -28,12 +39,55 @@ from ppojob_api.vocabulary import RolloutEngine as EngineKind
 REWARD_KINDS = {RewardType.SYNTHETIC: "synthetic", RewardType.EXACT_ANSWER: "exact_answer", RewardType.CUSTOM: "custom"}
 
 
-def build_engine(spec: PPOJobSpec, *, device: str) -> RolloutEngine:
+@dataclass
+class BuiltEngine:
+    """An engine, its end of the weight-update group, and the server processes it runs on (SGLang)."""
+
+    engine: RolloutEngine
+    weight_sync: WeightSyncTarget
+    servers: list[Any]
+    """`ServerProcess`es this worker launched and must stop (none for the torch engine)."""
+
+
+def build_engine(
+    spec: PPOJobSpec, *, device: str, rank: int, pad_token_id: int, builtin_server: bool = False
+) -> BuiltEngine:
+    """The engine of rollout rank `rank`. With rollout.engine SGLang this launches its server here,
+    on the bundle this process holds; `builtin_server` launches the built-in server instead (same
+    launcher, arguments and protocol, on a CPU: for tests and development, never for production)."""
+    if builtin_server and spec.rollout.engine != EngineKind.SGLANG:
+        raise ValueError("builtin_server stands in for SGLang servers: it needs rollout.engine SGLang")
+    if spec.rollout.engine == EngineKind.SGLANG:
+        return _launch_sglang(spec, device=device, rank=rank, pad_token_id=pad_token_id, builtin=builtin_server)
     if spec.rollout.engine != EngineKind.TORCH:
-        raise NotImplementedError(f"rollout.engine {spec.rollout.engine.value} is not available in this build; use Torch")
+        raise NotImplementedError(f"rollout.engine {spec.rollout.engine.value} is not available in this build")
     from ppo_trainer.rollout.torch_engine import TorchRolloutEngine
 
-    return TorchRolloutEngine(model_spec=spec.model, device=device, seed=spec.seed, dtype=spec.model.dtype)
+    engine = TorchRolloutEngine(model_spec=spec.model, device=device, seed=spec.seed, dtype=spec.model.dtype)
+    return BuiltEngine(engine, WeightsReceiver(load=engine.update_weights, device=engine.device), servers=[])
+
+
+def _launch_sglang(spec: PPOJobSpec, *, device: str, rank: int, pad_token_id: int, builtin: bool) -> BuiltEngine:
+    from ppo_trainer.roles.link import node_ip
+    from ppo_trainer.rollout.sglang.engine import SGLangRolloutEngine
+    from ppo_trainer.rollout.sglang.launcher import launch_engine_server
+
+    extra_args = []
+    if builtin:
+        # builtin:tiny is random: serve the weights the actor starts from, on this worker's device.
+        extra_args = ["--model-seed", str(spec.seed), "--device", "cuda" if device.startswith("cuda") else "cpu"]
+    server = launch_engine_server(
+        spec,
+        engine_index=rank,
+        host=node_ip(),
+        log_dir=tempfile.mkdtemp(prefix=f"ppo-rollout-{rank}-"),
+        builtin=builtin,
+        extra_args=extra_args,
+    )
+    engine = SGLangRolloutEngine(
+        servers=[server.client()], pad_token_id=pad_token_id, tensor_parallel=spec.rollout.tensor_parallel
+    )
+    return BuiltEngine(engine, engine, servers=[server])
 
 
 def merge_batches(parts: list[RolloutBatch]) -> RolloutBatch:
@@ -64,23 +118,24 @@ def merge_batches(parts: list[RolloutBatch]) -> RolloutBatch:
 
 
 class RolloutWorker:
-    """One rollout engine with its tokenizer, reward function, residency and weight-sync membership."""
+    """One rollout engine with its tokenizer, reward function, residency and weight-update group end."""
 
     role = "rollout"
 
-    def __init__(self, spec: PPOJobSpec, *, rank: int, device: str) -> None:
+    def __init__(self, spec: PPOJobSpec, *, rank: int, device: str, builtin_server: bool = False) -> None:
         from ppo_trainer.models.tokenizer import load_tokenizer
-        from ppo_trainer.roles.link import EngineSide
 
         use_all_cores(device)
         self.spec = spec
         self.rank = rank
         self.tokenizer = load_tokenizer(spec.model)
-        self.engine = build_engine(spec, device=device)
+        built = build_engine(
+            spec, device=device, rank=rank, pad_token_id=self.tokenizer.pad_token_id, builtin_server=builtin_server
+        )
+        self.engine, self.weight_sync, self.servers = built.engine, built.weight_sync, built.servers
         self.reward = build_reward(REWARD_KINDS[spec.reward.type], custom_function=spec.reward.function)
         self._transitions: list[Transition] = []
         self.residency = Residency.for_rollout(rank=rank, listener=self._transitions.append)
-        self.link = EngineSide()
 
     def generate(self, prompts: list[Prompt], *, seed: int) -> tuple[RolloutBatch, dict[str, float]]:
         self.wake()
@@ -123,21 +178,41 @@ class RolloutWorker:
         drained, self._transitions[:] = list(self._transitions), []
         return drained
 
+    def server_urls(self) -> list[str]:
+        """The URLs of the servers this worker launched (SGLang), e.g. for a router; empty for the torch engine."""
+        return [server.url for server in self.servers]
+
+    def close(self) -> None:
+        """Stop the servers this worker launched (the driver calls it before it kills the worker)."""
+        for server in self.servers:
+            server.stop()
+
     def update_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """Colocate: new weights arrived through Ray as CPU tensors."""
         self.wake()
         self.engine.update_weights(weights.items())
 
-    # Disaggregated: membership of the actor's weight-sync group.
-    def join_link(self, host: str, port: int, rank: int, world: int) -> None:
-        self.link.join(host, port, rank, world)
+    # Disaggregated: this engine's end of the actor's weight-update group (a WeightSyncTarget).
+    def weight_sync_ranks(self) -> int:
+        return self.weight_sync.ranks
 
-    def leave_link(self) -> None:
-        self.link.leave()
+    def init_weights_update_group(self, **group: Any) -> None:
+        self.weight_sync.init_weights_update_group(**group)
 
-    def link_connected(self) -> bool:
-        return self.link.connected
+    def update_weights_from_distributed(
+        self, *, names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str
+    ) -> None:
+        self.residency.require_awake("take new weights")
+        self.weight_sync.update_weights_from_distributed(names=names, dtypes=dtypes, shapes=shapes, group_name=group_name)
 
-    def receive_weights(self, meta) -> None:
-        self.wake()
-        self.engine.update_weights(self.link.receive(meta))
+    def destroy_weights_update_group(self, *, group_name: str) -> None:
+        self.weight_sync.destroy_weights_update_group(group_name=group_name)
+
+    def pause_generation(self) -> None:
+        self.weight_sync.pause_generation()
+
+    def flush_cache(self) -> None:
+        self.weight_sync.flush_cache()
+
+    def continue_generation(self) -> None:
+        self.weight_sync.continue_generation()

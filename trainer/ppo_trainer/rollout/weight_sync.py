@@ -11,14 +11,16 @@ left open across the actor's sleep makes the next sync fail or hang); `broadcast
 servers, sends the weights bucket by bucket (one /update_weights_from_distributed per bucket,
 naming its tensors; one broadcast per tensor, in that order), flushes their prefix caches and
 lets them continue. Must not depend on Ray or on the PPO loop: targets are anything with the
-methods of `WeightSyncTarget` (an `SGLangRolloutEngine` is one).
+methods of `WeightSyncTarget` (an `SGLangRolloutEngine` is one; so is a `WeightsReceiver`, the
+engine end of the same group for an engine in the receiving process, such as the built-in torch
+engine in a rollout worker, so that one handshake serves both kinds of engine).
 """
 
 from __future__ import annotations
 
 import datetime
 import socket
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from typing import Protocol
 
@@ -102,6 +104,81 @@ def buckets(named: list[tuple[str, torch.Tensor]], *, bucket_bytes: int) -> list
         groups[-1].append((name, tensor))
         size += nbytes
     return groups
+
+
+def receive_weights(
+    group: dist.ProcessGroup, *, names: list[str], dtypes: list[str], shapes: list[list[int]], device: torch.device
+) -> list[tuple[str, torch.Tensor]]:
+    """The receiving end of one bucket: one broadcast from rank 0 per tensor, in the order named."""
+    received = []
+    for name, dtype, shape in zip(names, dtypes, shapes, strict=True):
+        tensor = torch.empty(shape, dtype=_dtype(dtype), device=device)
+        dist.broadcast(tensor, group_src=0, group=group)
+        received.append((name, tensor))
+    return received
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, str(name).removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype {name!r} is not a torch dtype name (e.g. float32, bfloat16)")
+    return dtype
+
+
+class WeightsReceiver:
+    """The engine end of the weight-update group for an engine living in this process (one rank).
+
+    It answers the calls a rollout server answers over HTTP, with the same group recipe, and hands
+    each received bucket to `load` (the engine's `update_weights`). Generation and weight updates
+    of an in-process engine never overlap, so pause, flush and continue have nothing to do.
+    """
+
+    ranks = 1
+
+    def __init__(self, *, load: Callable[[list[tuple[str, torch.Tensor]]], None], device: torch.device | str) -> None:
+        self.load = load
+        self.device = torch.device(device)
+        self.groups: dict[str, dist.ProcessGroup] = {}
+
+    def init_weights_update_group(
+        self, *, master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str, backend: str
+    ) -> None:
+        if group_name in self.groups:
+            raise RuntimeError(f"weight-update group {group_name} exists; destroy it before building it again")
+        self.groups[group_name] = open_weights_group(
+            master_address=master_address,
+            master_port=master_port,
+            rank=rank_offset,
+            world_size=world_size,
+            group_name=group_name,
+            backend=backend,
+        )
+
+    def update_weights_from_distributed(
+        self, *, names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str
+    ) -> None:
+        group = self.groups.get(group_name)
+        if group is None:
+            raise RuntimeError(
+                f"weight-update group {group_name} is not connected (groups: {list(self.groups)}): "
+                "the actor must connect before broadcasting"
+            )
+        self.load(receive_weights(group, names=names, dtypes=dtypes, shapes=shapes, device=self.device))
+
+    def destroy_weights_update_group(self, *, group_name: str) -> None:
+        group = self.groups.pop(group_name, None)
+        if group is None:
+            raise RuntimeError(f"weight-update group {group_name} does not exist")
+        close_weights_group(group)
+
+    def pause_generation(self) -> None:
+        pass
+
+    def flush_cache(self) -> None:
+        pass
+
+    def continue_generation(self) -> None:
+        pass
 
 
 class DistributedWeightSync:

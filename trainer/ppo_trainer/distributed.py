@@ -1,0 +1,130 @@
+"""Data parallelism of a training role: its ranks form torch.distributed's default group while awake.
+
+Rank 0 hosts a rendezvous store on a port the OS picks (`host`) and the caller publishes that
+address to every rank (`attach`; the roles pass it through Ray). The store lives as long as the
+rank; the process group does not: `connect` builds it (gloo on CPU, NCCL on GPU) under a fresh
+key prefix, one per build, so a rank never meets the keys of an earlier group, and `disconnect`
+destroys it, so a sleeping role holds no communicator (the seed framework destroys its groups
+before offloading and rebuilds them after). Both are collective (every rank of the role makes
+them together; one that does not come fails the others after `timeout_s`) and are the two
+transitions of a `Residency` (Connected/Disconnected), reported like every other.
+
+`average_gradients` is what a backend calls between backward and the optimizer step: it
+averages the gradients over the default group, and does nothing when there is none. Depends on
+torch and the offload state machine only; never on Ray or the PPO loop.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable
+
+import torch
+import torch.distributed as dist
+
+from ppo_trainer.offload import Listener, Residency
+
+BUCKET_BYTES = 64 * 1024 * 1024
+"""Gradients are all-reduced in flat buffers of at most this size (one collective per bucket)."""
+
+
+def process_group_backend(device: str) -> str:
+    return "nccl" if str(device).startswith("cuda") else "gloo"
+
+
+class DataParallelGroup:
+    """Rank `rank` of a role's `world_size` data-parallel ranks."""
+
+    def __init__(
+        self, *, role: str, rank: int, world_size: int, device: str, listener: Listener | None = None, timeout_s: float = 300.0
+    ) -> None:
+        if world_size < 2:
+            raise ValueError(f"a data-parallel group needs at least 2 ranks, got world_size={world_size}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside 0..{world_size - 1}")
+        self.role = role
+        self.rank = rank
+        self.world_size = world_size
+        self.backend = process_group_backend(device)
+        self.timeout = datetime.timedelta(seconds=timeout_s)
+        self.residency = Residency.for_link(f"{role}.data_parallel", rank=rank, listener=listener)
+        self._store: dist.Store | None = None
+        self._builds = 0
+
+    @property
+    def connected(self) -> bool:
+        return self.residency.awake
+
+    def host(self, address: str) -> tuple[str, int]:
+        """Rank 0: serve the rendezvous store on `address` and a free port; returns (address, port) to publish."""
+        if self.rank != 0:
+            raise ValueError(f"{self.role}[{self.rank}]: only rank 0 hosts the data-parallel store")
+        if self._store is None:
+            self._store = dist.TCPStore(address, 0, self.world_size, True, timeout=self.timeout, wait_for_workers=False)
+        return address, int(self._store.port)
+
+    def attach(self, address: str, port: int) -> None:
+        """Every other rank: become a client of rank 0's store (rank 0 already serves it)."""
+        if self.rank != 0 and self._store is None:
+            self._store = dist.TCPStore(address, port, self.world_size, False, timeout=self.timeout)
+
+    def connect(self) -> bool:
+        """Build the group with the other ranks (a no-op when connected)."""
+        return self.residency.wake(self._build)
+
+    def disconnect(self) -> bool:
+        """Destroy the group (a no-op when not connected)."""
+        return self.residency.sleep(dist.destroy_process_group)
+
+    def _build(self) -> None:
+        if self._store is None:
+            raise RuntimeError(
+                f"{self.role}[{self.rank}]: the data-parallel group has no rendezvous yet: rank 0 must host() it "
+                "and every rank attach() to it before the role wakes (roles/build.py does this after building the ranks)"
+            )
+        if dist.is_initialized():
+            raise RuntimeError(
+                f"{self.role}[{self.rank}]: this process already has a default process group; the role's "
+                "data-parallel group must be the only one (destroy the other before waking the role)"
+            )
+        self._builds += 1
+        store = dist.PrefixStore(f"{self.role}/data_parallel/{self._builds}/", self._store)
+        dist.init_process_group(
+            self.backend, store=store, rank=self.rank, world_size=self.world_size, timeout=self.timeout
+        )
+
+
+def average_gradients(parameters: Iterable[torch.nn.Parameter], *, bucket_bytes: int = BUCKET_BYTES) -> None:
+    """Replace each trainable parameter's gradient by its mean over the default group's ranks.
+
+    A parameter without a gradient counts as a zero gradient (every rank reduces the same tensors,
+    in the same order). A no-op without a default group or with a single rank.
+    """
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    world = dist.get_world_size()
+    params = [p for p in parameters if p.requires_grad]
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    for bucket in _buckets(params, bucket_bytes=bucket_bytes):
+        flat = torch.cat([p.grad.reshape(-1) for p in bucket])
+        dist.all_reduce(flat)
+        flat.div_(world)
+        for p, chunk in zip(bucket, flat.split([p.numel() for p in bucket])):
+            p.grad.copy_(chunk.view_as(p.grad))
+
+
+def _buckets(params: list[torch.nn.Parameter], *, bucket_bytes: int) -> list[list[torch.nn.Parameter]]:
+    """Consecutive parameters of one dtype and device, at most `bucket_bytes` per bucket (a larger one alone)."""
+    buckets: list[list[torch.nn.Parameter]] = []
+    size = 0
+    for p in params:
+        nbytes = p.numel() * p.element_size()
+        last = buckets[-1][-1] if buckets else None
+        if last is None or size + nbytes > bucket_bytes or (last.dtype, last.device) != (p.dtype, p.device):
+            buckets.append([])
+            size = 0
+        buckets[-1].append(p)
+        size += nbytes
+    return buckets
