@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import tiny_spec
+
 from ppo_trainer.reporting import Recorder
 from ppo_trainer.roles.build import PlacementError, build_roles, compute_layout
 from ppo_trainer.rollout.base import SamplingParams
