@@ -1,0 +1,387 @@
+"""The megatron-core training backend: one rank's GPTModel, distributed optimizer and device residency.
+
+It implements `TrainBackend` with megatron-core's GPTModel (local layer spec: no Transformer
+Engine or Apex), built from a Hugging Face Llama/Qwen2 config and loaded from its checkpoint
+directory when there is one; bf16 wrapped in `Float16Module`; megatron's
+DistributedDataParallel (flat bf16 parameter and fp32 gradient buffers) and its distributed
+optimizer (fp32 main parameters, Adam moments). The critic is the same GPTModel with a
+[hidden -> 1] value head in place of the output layer. Rows are re-laid out for megatron: each
+row's real tokens (left-padded prompt, right-padded response) are moved to start at column 0,
+so plain causal attention needs no padding mask and RoPE positions count real tokens.
+
+Offload parks the parameter buffers, the fp32 main parameters and the Adam moments in pinned
+host buffers (allocated once, reused) and frees the device storage in place, so every view into
+a buffer (parameters, optimizer shards) stays valid; the gradient buffers are freed without a
+copy, since `train` zeroes them before use. Runs on CUDA only (megatron's RNG tracker and
+buffers). Written against the API megatron-core 0.16.1 and 0.19.2 share. Tensor parallelism
+follows the spec (weights sharded on load, gathered for export); pipeline parallelism > 1 is
+refused. Must not depend on Ray or the PPO loop.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from megatron.core import parallel_state, tensor_parallel
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.module import Float16Module
+
+from ppo_trainer.algorithms import entropy_from_logits, log_probs_from_logits
+from ppo_trainer.backends.base import LossFn
+from ppo_trainer.backends.megatron import conversion
+from ppo_trainer.backends.megatron.config import gpt_model_kwargs, transformer_config_kwargs
+from ppo_trainer.batch import RolloutBatch
+from ppo_trainer.models.builtin import resolve_dtype, resolve_model_dir, tiny_config
+from ppojob_api.spec import ModelSpec
+
+ROLES = ("actor", "critic", "ref")
+
+
+def ensure_parallel_state(*, tensor: int, pipeline: int, seed: int) -> None:
+    """torch.distributed (NCCL) and megatron's model-parallel groups, created once per process.
+
+    A launcher's MASTER_ADDR/RANK/WORLD_SIZE are used when set; otherwise a world of one.
+    """
+    if pipeline != 1:
+        raise ValueError(
+            f"parallelism.pipeline={pipeline}: the megatron backend runs pipeline size 1 only "
+            "(its train loop has no pipeline schedule); use tensor parallelism instead"
+        )
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    if not dist.is_initialized():
+        if "MASTER_ADDR" in os.environ:
+            dist.init_process_group("nccl")
+        else:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", world_size=1, rank=0)
+    if parallel_state.model_parallel_is_initialized():
+        have = parallel_state.get_tensor_model_parallel_world_size()
+        if have != tensor:
+            raise ValueError(f"this process already runs tensor parallel size {have}; a backend asked for {tensor}")
+    else:
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tensor, pipeline_model_parallel_size=pipeline)
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+class ValueHead(torch.nn.Module):
+    """Linear(hidden, 1) with a bias, called the way GPTModel calls its output layer."""
+
+    sequence_parallel = False
+
+    def __init__(self, hidden: int, *, seed: int, device: torch.device, dtype: torch.dtype):
+        super().__init__()
+        generator = torch.Generator().manual_seed(seed)
+        self.weight = torch.nn.Parameter(torch.empty(1, hidden).normal_(0.0, 0.02, generator=generator).to(device, dtype))
+        self.bias = torch.nn.Parameter(torch.zeros(1, device=device, dtype=dtype))
+
+    def forward(self, hidden: torch.Tensor, weight=None, runtime_gather_output=None):
+        return F.linear(hidden, self.weight, self.bias), None
+
+
+def read_hf_state(directory: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a Hugging Face checkpoint directory (safetensors), on CPU."""
+    from safetensors.torch import load_file
+
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{directory} holds no *.safetensors files; save the model with save_pretrained")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        state.update(load_file(str(file)))
+    return state
+
+
+class _Parking:
+    """Pinned host copies of device tensors whose storage is freed in place and restored later."""
+
+    def __init__(self) -> None:
+        self.host: dict[object, torch.Tensor] = {}
+        self.sizes: dict[object, int] = {}
+        self.bytes = 0
+
+    def park(self, key: object, tensor: torch.Tensor, *, keep: bool = True) -> None:
+        if keep:
+            host = self.host.get(key)
+            if host is None or host.shape != tensor.shape or host.dtype != tensor.dtype:
+                host = self.host[key] = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            host.copy_(tensor, non_blocking=True)
+            self.bytes += tensor.nbytes
+        self.sizes[key] = tensor.untyped_storage().nbytes()
+        tensor.untyped_storage().resize_(0)
+
+    def restore(self, key: object, tensor: torch.Tensor, *, keep: bool = True) -> None:
+        tensor.untyped_storage().resize_(self.sizes[key])
+        if keep:
+            tensor.copy_(self.host[key], non_blocking=True)
+            self.bytes += tensor.nbytes
+        else:
+            tensor.zero_()
+
+
+class MegatronBackend:
+    """One rank of an actor, critic or reference model on megatron-core. A "ref" backend has no optimizer.
+
+    Same constructor arguments as TorchBackend, plus `tensor_parallel` and `pipeline_parallel`
+    (the spec's parallelism). `device` must be a CUDA device.
+    """
+
+    def __init__(
+        self,
+        *,
+        model_spec: ModelSpec,
+        role: str,
+        learning_rate: float,
+        max_grad_norm: float,
+        device: str | torch.device,
+        seed: int,
+        dtype: str | torch.dtype | None = None,
+        weight_decay: float = 0.0,
+        logits_temperature: float = 1.0,
+        forward_micro_batch_size: int = 16,
+        tensor_parallel: int = 1,
+        pipeline_parallel: int = 1,
+    ):
+        if role not in ROLES:
+            raise ValueError(f"role {role!r} is unknown; use one of {', '.join(ROLES)}")
+        if role != "ref" and not learning_rate > 0:
+            raise ValueError(f"learning_rate must be > 0 for role {role!r}, got {learning_rate}")
+        if not logits_temperature > 0:
+            raise ValueError(f"logits_temperature must be > 0, got {logits_temperature}")
+        if torch.device(device).type != "cuda" or not torch.cuda.is_available():
+            raise ValueError(f"the megatron backend needs a CUDA device (got {device!r}); use the Torch backend on CPUs")
+        self.role = role
+        self.is_value_model = role == "critic"
+        self.dtype = resolve_dtype(dtype if dtype is not None else model_spec.dtype)
+        self.half = self.dtype in (torch.bfloat16, torch.float16)
+        self.logits_temperature = logits_temperature
+        self.forward_micro_batch_size = forward_micro_batch_size
+        ensure_parallel_state(tensor=tensor_parallel, pipeline=pipeline_parallel, seed=seed)
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        self.tp_size = tensor_parallel
+
+        directory = resolve_model_dir(model_spec.path)
+        if directory is None:
+            hf_config = tiny_config()
+        else:
+            from transformers import AutoConfig
+
+            hf_config = AutoConfig.from_pretrained(str(directory), local_files_only=True)
+        self.shape = conversion.Shape.from_hf_config(hf_config, value_head=self.is_value_model)
+        self.config = TransformerConfig(
+            **transformer_config_kwargs(hf_config, tensor=tensor_parallel, pipeline=pipeline_parallel, dtype=self.dtype),
+            activation_func=F.silu,
+        )
+        torch.manual_seed(seed)
+        self.gpt = GPTModel(
+            config=self.config,
+            transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+            pre_process=True,
+            post_process=True,
+            **gpt_model_kwargs(hf_config, value_head=self.is_value_model),
+        )
+        if self.is_value_model:
+            self.gpt.output_layer = ValueHead(hf_config.hidden_size, seed=seed, device=self.device, dtype=torch.float32)
+        if directory is not None:
+            self._load_hf(directory)
+        module = Float16Module(self.config, self.gpt) if self.half else self.gpt
+        self.optimizer = None
+        self.offloaded = False
+        self.last_transfer: dict = {"direction": None, "bytes": 0, "seconds": 0.0}
+        self._parking = _Parking()
+        if role == "ref":
+            self.model = module.requires_grad_(False).eval()
+            return
+        self.model = DistributedDataParallel(
+            config=self.config,
+            ddp_config=DistributedDataParallelConfig(
+                grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=True
+            ),
+            module=module,
+        )
+        self.optimizer = get_megatron_optimizer(
+            OptimizerConfig(
+                optimizer="adam",
+                lr=learning_rate,
+                weight_decay=weight_decay,
+                bf16=self.dtype == torch.bfloat16,
+                fp16=self.dtype == torch.float16,
+                params_dtype=self.dtype,
+                use_distributed_optimizer=True,
+                clip_grad=max_grad_norm,
+            ),
+            [self.model],
+        )
+
+    def _load_hf(self, directory: Path) -> None:
+        """Weights of a Hugging Face checkpoint directory, converted and sliced for this rank."""
+        full = conversion.hf_to_megatron(read_hf_state(directory), self.shape)
+        local = {name: conversion.shard(name, t, self.shape, rank=self.tp_rank, size=self.tp_size) for name, t in full.items()}
+        missing, unexpected = self.gpt.load_state_dict(local, strict=False)
+        missing = [n for n in missing if not n.endswith("_extra_state") and not (self.is_value_model and n.startswith("output_layer."))]
+        if missing or unexpected:
+            raise ValueError(f"checkpoint {directory} does not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+
+    # ----- passes -----------------------------------------------------------------------------
+
+    def forward(self, batch: RolloutBatch, *, with_entropy: bool = False) -> dict[str, torch.Tensor]:
+        """No-grad pass: {"log_probs"[, "entropy"]} or {"values"}, [B, T] float32 on CPU, 0 on padding."""
+        self._require_on_device("forward")
+        self.model.eval()
+        parts: dict[str, list[torch.Tensor]] = {}
+        with torch.no_grad():
+            for rows in torch.arange(batch.size).split(self.forward_micro_batch_size):
+                for key, value in self._outputs(batch, rows, with_entropy=with_entropy).items():
+                    parts.setdefault(key, []).append(value.float().cpu())
+        return {key: torch.cat(chunks) for key, chunks in parts.items()}
+
+    def train(self, batch: RolloutBatch, loss_fn: LossFn, *, micro_batch_size: int) -> dict[str, float]:
+        """One optimizer step over the batch; micro-batch losses weighted by their share of rows."""
+        self._require_on_device("train")
+        if self.optimizer is None:
+            raise ValueError(f"the {self.role!r} backend has no optimizer; only actor and critic train")
+        if micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+        self.model.train()
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        totals: dict[str, float] = {"loss": 0.0}
+        for rows in torch.arange(batch.size).split(micro_batch_size):
+            weight = len(rows) / batch.size
+            loss, stats = loss_fn(self._outputs(batch, rows, with_entropy=not self.is_value_model), rows)
+            (loss * weight).backward()
+            totals["loss"] += weight * float(loss.detach())
+            for key, value in stats.items():
+                totals[key] = totals.get(key, 0.0) + weight * float(value)
+        self.model.finish_grad_sync()
+        updated, grad_norm, _ = self.optimizer.step()
+        grad_norm = float(grad_norm) if grad_norm is not None else math.nan
+        return {**totals, "grad_norm": grad_norm, "skipped": 0.0 if updated else 1.0}
+
+    def _outputs(self, batch: RolloutBatch, rows: torch.Tensor, *, with_entropy: bool) -> dict[str, torch.Tensor]:
+        """Model outputs for `rows`, [b, T], zero where the response mask is 0.
+
+        Each row's real tokens are moved to start at column 0; response token t of a row with p
+        real prompt tokens is then predicted at column p - 1 + t.
+        """
+        p, t = batch.prompt_length, batch.response_length
+        attention = batch.attention_mask[rows]
+        prompt_lengths = attention[:, :p].sum(dim=1)
+        response_lengths = attention[:, p:].sum(dim=1)
+        kept = max(1, int(response_lengths.max()))
+        width = int((prompt_lengths + kept).max())
+        columns = torch.arange(width)
+        source = (p - prompt_lengths)[:, None] + columns[None, :]
+        real = columns[None, :] < (prompt_lengths + response_lengths)[:, None]
+        ids = torch.where(real, batch.tokens[rows].gather(1, source.clamp(max=p + t - 1)), 0)
+        ids = ids.to(self.device)
+        positions = columns.expand(len(rows), -1).to(self.device)
+        extra = {"fp32_output": False} if self.half else {}
+        output = self.model(input_ids=ids, position_ids=positions, attention_mask=None, **extra)
+        at = ((prompt_lengths - 1)[:, None] + torch.arange(kept)[None, :]).to(self.device)  # [b, kept]
+        if self.is_value_model:
+            outputs = {"values": output.squeeze(-1).gather(1, at).float()}
+        else:
+            logits = output.gather(1, at[:, :, None].expand(-1, -1, output.shape[-1])).float() / self.logits_temperature
+            targets = batch.tokens[rows, p : p + kept].to(self.device)
+            outputs = {"log_probs": log_probs_from_logits(logits, targets)}
+            if with_entropy:
+                outputs["entropy"] = entropy_from_logits(logits)
+        mask = batch.response_mask[rows].to(self.device).bool()
+        zero = torch.zeros((), device=self.device)
+        return {key: torch.where(mask, F.pad(value, (0, t - kept)), zero) for key, value in outputs.items()}
+
+    # ----- residency ---------------------------------------------------------------------------
+
+    def offload(self) -> None:
+        """Parameters and optimizer state to pinned host memory, gradient buffers freed; no-op when offloaded."""
+        if not self.offloaded:
+            self._transfer("offload")
+            self.offloaded = True
+
+    def onload(self) -> None:
+        """Everything back on the device; no-op when already there."""
+        if self.offloaded:
+            self._transfer("onload")
+            self.offloaded = False
+
+    def _transfer(self, direction: str) -> None:
+        parking, started = self._parking, time.perf_counter()
+        move = parking.park if direction == "offload" else parking.restore
+        parking.bytes = 0
+        with torch.no_grad():
+            if self.optimizer is None:
+                for index, param in enumerate(self.model.parameters()):
+                    move(("param", index), param.data)
+            else:
+                for index, buffer in enumerate(self.model.buffers):
+                    move(("param_buffer", index), buffer.param_data)
+                    move(("grad_buffer", index), buffer.grad_data, keep=False)
+                for index, tensor in enumerate(self._optimizer_tensors()):
+                    move(("optimizer", index), tensor)
+        torch.cuda.synchronize(self.device)
+        if direction == "offload":
+            torch.cuda.empty_cache()
+        self.last_transfer = {"direction": direction, "bytes": parking.bytes, "seconds": time.perf_counter() - started}
+
+    def _optimizer_tensors(self) -> Iterator[torch.Tensor]:
+        """The fp32 main parameters and the optimizer's state tensors on the device, in a fixed order."""
+        for inner in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+            for group in inner.optimizer.param_groups:
+                for param in group["params"]:
+                    yield param.data
+                    for value in inner.optimizer.state.get(param, {}).values():
+                        if isinstance(value, torch.Tensor) and value.device.type == "cuda":
+                            yield value
+
+    def _require_on_device(self, what: str) -> None:
+        if self.offloaded:
+            raise RuntimeError(f"{what}() on an offloaded {self.role} backend; call onload() first")
+
+    # ----- weights and checkpoints --------------------------------------------------------------
+
+    def _local_state(self) -> dict[str, torch.Tensor]:
+        return {n: t for n, t in self.gpt.state_dict(keep_vars=True).items() if not n.endswith("_extra_state")}
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The policy's weights under Hugging Face names (gathered over tensor parallelism)."""
+        if self.is_value_model:
+            raise ValueError("the critic has no policy weights to sync; call named_weights() on the actor")
+        state = {name: tensor.detach() for name, tensor in self._local_state().items()}
+        if self.tp_size > 1:
+            group = parallel_state.get_tensor_model_parallel_group()
+            for name, tensor in state.items():
+                shards = [torch.empty_like(tensor) for _ in range(self.tp_size)]
+                dist.all_gather(shards, tensor.contiguous(), group=group)
+                state[name] = conversion.unshard(name, shards, self.shape)
+        yield from conversion.megatron_to_hf(state, self.shape)
+
+    def state_dict(self) -> dict:
+        """{"model": this rank's megatron weights as CPU copies, "optimizer": None}: the distributed
+        optimizer's state is not checkpointed by this backend."""
+        return {"model": {n: t.detach().to("cpu", copy=True) for n, t in self._local_state().items()}, "optimizer": None}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Load a `state_dict()` while on the device (model weights; the optimizer restarts)."""
+        self._require_on_device("load_state_dict")
+        if "model" not in state:
+            raise ValueError("state has no 'model' entry; pass what MegatronBackend.state_dict() returned")
+        with torch.no_grad():
+            for name, tensor in self._local_state().items():
+                tensor.copy_(state["model"][name])
+        if self.optimizer is not None:
+            self.optimizer.reload_model_params()
