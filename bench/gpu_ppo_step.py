@@ -1,0 +1,376 @@
+"""PPO steps on one GPU, stage by stage, for the Torch and Megatron backends side by side.
+
+The workload of the GPU issue: a Qwen2.5-0.5B-shaped model with random weights, 256 prompts of
+about 100 tokens, up to 512 new tokens, critic and reference on, train-side and rollout offload
+on. The step follows train.py's schedule with the product's role classes (ActorWorker,
+CriticWorker, RefWorker: their losses, targets, turns and offload), run IN ONE PROCESS, without
+Ray: generate (TorchRolloutEngine) -> rollout sleeps -> actor and reference log-probs -> critic
+values and training -> actor training on the critic's output -> weight sync (GPU to GPU). The
+values handoff through Ray (what the product pays) is measured separately with two Ray actors
+when Ray is importable. The same run measures the ceilings: an 8192^3 bf16 matmul and pinned
+host<->device copies. Writes bench.json and bench.txt (a table) into --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "trainer"), str(ROOT / "api")]
+
+from ppojob_api.spec import PPOJobSpec  # noqa: E402
+
+import ppo_trainer.roles.base as roles_base  # noqa: E402
+from ppo_trainer.batch import CriticOutput  # noqa: E402
+from ppo_trainer.roles.actor import ActorWorker  # noqa: E402
+from ppo_trainer.roles.critic import CriticWorker  # noqa: E402
+from ppo_trainer.roles.ref import RefWorker  # noqa: E402
+from ppo_trainer.rollout.base import SamplingParams  # noqa: E402
+from ppo_trainer.rollout.layout import build_rollout_batch  # noqa: E402
+from ppo_trainer.rollout.torch_engine import TorchRolloutEngine  # noqa: E402
+
+QWEN2_5_0_5B = {
+    "vocab_size": 151936, "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+    "num_attention_heads": 14, "num_key_value_heads": 2, "max_position_embeddings": 32768,
+    "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
+    "bos_token_id": 151643, "eos_token_id": 151643,
+}
+EOS = 151643
+PUBLISHED_STEP_SECONDS = 65.0
+TARGETS = {"step_s": 8.0, "gen_tok_s": 40_000, "train_mfu": 0.45, "offload_share": 0.80, "handoff_share": 0.02}
+
+
+def sync() -> None:
+    torch.cuda.synchronize()
+
+
+def bf16_ceiling(n: int = 8192, repeats: int = 20) -> float:
+    """TFLOP/s of an n^3 bf16 matmul (best of `repeats` after a warm-up)."""
+    a, b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16), torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        sync()
+        started = time.perf_counter()
+        a @ b
+        sync()
+        best = min(best, time.perf_counter() - started)
+    return 2 * n**3 / best / 1e12
+
+
+def pinned_bandwidth(gib: float = 1.0, repeats: int = 5) -> dict[str, float]:
+    """GB/s of one pinned host <-> device copy each way (median)."""
+    n = int(gib * 2**30)
+    host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    device = torch.empty(n, dtype=torch.uint8, device="cuda")
+    out = {}
+    for name, dst, src in (("to_device", device, host), ("to_host", host, device)):
+        times = []
+        for _ in range(repeats):
+            sync()
+            started = time.perf_counter()
+            dst.copy_(src, non_blocking=True)
+            sync()
+            times.append(time.perf_counter() - started)
+        out[name] = n / statistics.median(times) / 1e9
+    return out
+
+
+def make_checkpoint(directory: Path, seed: int) -> None:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    with torch.device("cuda"):
+        model = Qwen2ForCausalLM(Qwen2Config(**QWEN2_5_0_5B))
+    model.to(torch.bfloat16).save_pretrained(str(directory))
+    del model
+    torch.cuda.empty_cache()
+
+
+def make_prompts(count: int, mean_length: int, seed: int) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(mean_length - 10, mean_length + 11, (count,), generator=generator)
+    return [torch.randint(0, 150_000, (int(n),), generator=generator).tolist() for n in lengths]
+
+
+def forward_flops(batch, *, policy: bool) -> float:
+    """Model FLOPs of one forward pass over the batch's real tokens (attention causal, output
+    layer on the response positions only)."""
+    c = QWEN2_5_0_5B
+    h, heads, kv, ffn = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"], c["intermediate_size"]
+    d = h // heads
+    per_layer = h * (heads + 2 * kv) * d + heads * d * h + 3 * h * ffn
+    lengths = batch.attention_mask.sum(dim=1).double()
+    responses = float(batch.response_mask.sum())
+    dense = 2 * float(lengths.sum()) * c["num_hidden_layers"] * per_layer
+    attention = 2 * float((lengths**2).sum()) * heads * d * c["num_hidden_layers"]
+    head = 2 * responses * h * (c["vocab_size"] if policy else 1)
+    return dense + attention + head
+
+
+class Recorder:
+    """Wraps methods so that each call's seconds (device work included) land in `records`."""
+
+    def __init__(self) -> None:
+        self.records: list[dict] = []
+
+    def wrap(self, obj, method: str, stage: str, *, transfer_of=None) -> None:
+        inner = getattr(obj, method)
+
+        def timed(*args, **kwargs):
+            sync()
+            started = time.perf_counter()
+            result = inner(*args, **kwargs)
+            sync()
+            record = {"stage": stage, "seconds": time.perf_counter() - started}
+            if transfer_of is not None:
+                record["bytes"] = transfer_of.last_transfer["bytes"]
+            self.records.append(record)
+            return result
+
+        setattr(obj, method, timed)
+
+
+def build_backend_for(kind: str):
+    """A replacement for roles/base.py's build_backend that also knows the Megatron backend."""
+
+    def build(spec: PPOJobSpec, *, role: str, device: str):
+        kwargs = {
+            "model_spec": spec.model, "role": role, "device": device, "seed": spec.seed, "dtype": spec.model.dtype,
+            "learning_rate": spec.critic_learning_rate if role == "critic" else spec.actor.learning_rate,
+            "max_grad_norm": spec.actor.max_grad_norm, "logits_temperature": spec.rollout.temperature or 1.0,
+            "forward_micro_batch_size": spec.actor.micro_batch_size,
+        }
+        if kind == "Megatron":
+            from ppo_trainer.backends.megatron.backend import MegatronBackend
+
+            parallel = spec.actor.parallelism
+            return MegatronBackend(**kwargs, tensor_parallel=parallel.tensor, pipeline_parallel=parallel.pipeline)
+        from ppo_trainer.backends.torch_backend import TorchBackend
+
+        return TorchBackend(**kwargs)
+
+    return build
+
+
+def run_backend(kind: str, spec: PPOJobSpec, prompts: list[list[int]], steps: int) -> dict:
+    roles_base.build_backend = build_backend_for(kind)
+    recorder = Recorder()
+    built = time.perf_counter()
+    engine = TorchRolloutEngine(model_spec=spec.model, device="cuda", seed=spec.seed, dtype=spec.model.dtype,
+                                eos_token_id=EOS, pad_token_id=EOS)
+    common = {"rank": 0, "world_size": 1, "device": "cuda", "offload": True}
+    actor, critic, ref = ActorWorker(spec, **common), CriticWorker(spec, **common), RefWorker(spec, **common)
+    build_seconds = time.perf_counter() - built
+    for worker, name in ((actor, "actor"), (critic, "critic"), (ref, "ref")):
+        forward = {"actor": "actor log-probs", "critic": "critic values", "ref": "ref log-probs"}[name]
+        recorder.wrap(worker.backend, "forward", forward)
+        recorder.wrap(worker.backend, "train", f"{name} train")
+        recorder.wrap(worker.backend, "offload", f"{name} offload", transfer_of=worker.backend)
+        recorder.wrap(worker.backend, "onload", f"{name} onload", transfer_of=worker.backend)
+    recorder.wrap(engine, "generate", "generate")
+    recorder.wrap(engine, "sleep", "rollout sleep", transfer_of=engine)
+    recorder.wrap(engine, "wake_up", "rollout wake", transfer_of=engine)
+    params = SamplingParams(max_new_tokens=spec.rollout.max_new_tokens, temperature=spec.rollout.temperature)
+    results = []
+    for step in range(steps):
+        recorder.records.clear()
+        started = time.perf_counter()
+        engine.wake_up()
+        generation = engine.generate(prompts, dataclasses.replace(params, seed=step))
+        timing = dict(engine.last_timing)
+        scores = torch.rand(len(prompts), generator=torch.Generator().manual_seed(step))
+        batch = build_rollout_batch(prompts, generation, scores, EOS)
+        engine.sleep()
+        old_log_probs = actor.log_probs(batch)
+        ref_log_probs = ref.log_probs(batch)
+        critic_output, _ = critic.train(batch, old_log_probs=old_log_probs, ref_log_probs=ref_log_probs, updates=1)
+        actor_stats = actor.train(batch, old_log_probs=old_log_probs, ref_log_probs=ref_log_probs,
+                                  external_data=critic_output)
+        sync_started = time.perf_counter()
+        engine.wake_up()
+        with actor.turn("export weights"):
+            engine.update_weights(actor.backend.named_weights())
+        sync()
+        sync_seconds = time.perf_counter() - sync_started
+        step_seconds = time.perf_counter() - started
+        stages: dict[str, dict] = {}
+        for record in recorder.records:
+            entry = stages.setdefault(record["stage"], {"seconds": 0.0, "calls": 0})
+            entry["seconds"] += record["seconds"]
+            entry["calls"] += 1
+            if "bytes" in record:
+                entry["bytes"] = entry.get("bytes", 0) + record["bytes"]
+        stages["weight sync (wake + actor turn + copy)"] = {"seconds": sync_seconds, "calls": 1}
+        flops = {
+            "actor log-probs": forward_flops(batch, policy=True), "ref log-probs": forward_flops(batch, policy=True),
+            "critic values": forward_flops(batch, policy=False), "critic train": 3 * forward_flops(batch, policy=False),
+            "actor train": 3 * forward_flops(batch, policy=True),
+        }
+        for stage, value in flops.items():
+            stages[stage]["flops"] = value
+        results.append({
+            "step": step, "seconds": step_seconds, "generated_tokens": int(batch.num_response_tokens),
+            "response_length": batch.response_length, "generate_timing": timing, "stages": stages,
+            "actor": {k: actor_stats[k] for k in ("loss", "grad_norm", "kl")},
+        })
+        print(f"[{kind}] step {step}: {step_seconds:.2f}s, {batch.num_response_tokens} tokens, "
+              + ", ".join(f"{k} {v['seconds']:.2f}" for k, v in stages.items()), flush=True)
+    del actor, critic, ref, engine
+    gc.collect()
+    torch.cuda.empty_cache()
+    return {"backend": kind, "build_seconds": build_seconds, "steps": results}
+
+
+def ray_handoff(rows: int, cols: int, repeats: int = 4) -> dict | None:
+    """Seconds for a CriticOutput of [rows, cols] values and returns to go from one Ray actor to
+    another as an ObjectRef argument (median after the first call), and for a tiny one."""
+    try:
+        import ray
+    except ImportError:
+        return None
+    paths = [str(ROOT / "trainer"), str(ROOT / "api"), os.environ.get("PYTHONPATH", "")]
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)  # Ray's workers import ppo_trainer
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+
+    @ray.remote
+    class Critic:
+        def output(self, r: int, c: int) -> CriticOutput:
+            return CriticOutput(rank=0, values=torch.randn(r, c), returns=torch.randn(r, c))
+
+    @ray.remote
+    class Actor:
+        def take(self, output: CriticOutput) -> float:
+            return float(output.values[0, 0])
+
+    critic, actor = Critic.remote(), Actor.remote()
+    out = {}
+    for name, (r, c) in (("full", (rows, cols)), ("tiny", (1, 1))):
+        times = []
+        for _ in range(repeats + 1):
+            started = time.perf_counter()
+            ray.get(actor.take.remote(critic.output.remote(r, c)))
+            times.append(time.perf_counter() - started)
+        out[f"{name}_seconds"] = statistics.median(times[1:])
+    out["bytes"] = 2 * rows * cols * 4
+    ray.shutdown()
+    return out
+
+
+def summarize(run: dict, ceiling_tflops: float, pinned: dict, handoff: dict | None) -> dict:
+    measured = run["steps"][1:] or run["steps"]  # the first step pays the warm-up
+    mean = lambda values: sum(values) / len(values)  # noqa: E731
+    stage_names = list(measured[0]["stages"])
+    stages = {}
+    for name in stage_names:
+        seconds = mean([s["stages"][name]["seconds"] for s in measured])
+        entry = {"seconds": seconds}
+        if "flops" in measured[0]["stages"][name]:
+            entry["mfu"] = mean([s["stages"][name]["flops"] for s in measured]) / seconds / (ceiling_tflops * 1e12)
+        if "bytes" in measured[0]["stages"][name]:
+            size = mean([s["stages"][name]["bytes"] for s in measured])
+            way = "to_host" if ("offload" in name or "sleep" in name) else "to_device"
+            entry["gb_per_s"] = size / seconds / 1e9
+            entry["share_of_pinned"] = entry["gb_per_s"] / pinned[way]
+            entry["bytes"] = size
+        stages[name] = entry
+    step = mean([s["seconds"] for s in measured])
+    tokens = mean([s["generated_tokens"] for s in measured])
+    train = [n for n in stages if "mfu" in stages[n]]
+    train_flops = mean([sum(s["stages"][n]["flops"] for n in train) for s in measured])
+    out = {
+        "backend": run["backend"], "step_seconds": step, "first_step_seconds": run["steps"][0]["seconds"],
+        "generated_tokens": tokens, "tokens_per_s_end_to_end": tokens / step,
+        "generate_tokens_per_s": tokens / stages["generate"]["seconds"],
+        "training_mfu": train_flops / sum(stages[n]["seconds"] for n in train) / (ceiling_tflops * 1e12),
+        "stages": stages, "vs_published_anchor": PUBLISHED_STEP_SECONDS / step,
+        "generate_timing": measured[-1]["generate_timing"],
+    }
+    if handoff is not None:
+        out["handoff_share_of_step"] = handoff["full_seconds"] / step
+    return out
+
+
+def table(summaries: list[dict], ceiling: float, pinned: dict, handoff: dict | None) -> str:
+    names = list(dict.fromkeys(n for s in summaries for n in s["stages"]))
+    lines = [f"ceilings: bf16 matmul {ceiling:.0f} TFLOP/s; pinned copy {pinned['to_device']:.1f} GB/s to device, "
+             f"{pinned['to_host']:.1f} GB/s to host"]
+    header = f"{'stage (s per step)':42}" + "".join(f"{s['backend']:>28}" for s in summaries)
+    lines += [header, "-" * len(header)]
+    for name in names:
+        cells = []
+        for s in summaries:
+            e = s["stages"].get(name)
+            if e is None:
+                cells.append(f"{'-':>28}")
+                continue
+            extra = f" mfu {e['mfu']:.0%}" if "mfu" in e else (f" {e['gb_per_s']:.0f}GB/s {e['share_of_pinned']:.0%}" if "gb_per_s" in e else "")
+            cells.append(f"{e['seconds']:8.3f}{extra:>20}")
+        lines.append(f"{name:42}" + "".join(cells))
+    for label, key, fmt in (("step seconds (target < 8)", "step_seconds", "{:.2f}"),
+                            ("first step seconds (warm-up)", "first_step_seconds", "{:.2f}"),
+                            ("generate tokens/s (target >= 40k)", "generate_tokens_per_s", "{:,.0f}"),
+                            ("tokens/s end to end", "tokens_per_s_end_to_end", "{:,.0f}"),
+                            ("training MFU (target >= 45%)", "training_mfu", "{:.1%}"),
+                            ("x faster than the 65 s anchor", "vs_published_anchor", "{:.1f}"),
+                            ("Ray values handoff share (target < 2%)", "handoff_share_of_step", "{:.3%}")):
+        lines.append(f"{label:42}" + "".join(f"{fmt.format(s[key]) if key in s else '-':>28}" for s in summaries))
+    if handoff is not None:
+        lines.append(f"Ray handoff of {handoff['bytes'] / 1e6:.1f} MB: {handoff['full_seconds'] * 1e3:.1f} ms "
+                     f"(a 1x1 object: {handoff['tiny_seconds'] * 1e3:.1f} ms)")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--steps", type=int, default=3, help="steps per backend; the first is warm-up")
+    parser.add_argument("--backends", default="Torch,Megatron")
+    parser.add_argument("--prompts", type=int, default=256)
+    parser.add_argument("--prompt-length", type=int, default=100)
+    parser.add_argument("--max-new-tokens", type=int, default=512)
+    parser.add_argument("--micro-batch-size", type=int, default=32)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    ceiling, pinned = bf16_ceiling(), pinned_bandwidth()
+    print(f"bf16 ceiling {ceiling:.0f} TFLOP/s, pinned {pinned}", flush=True)
+    checkpoint = args.out / "qwen2.5-0.5b-random"
+    make_checkpoint(checkpoint, seed=0)
+    prompts = make_prompts(args.prompts, args.prompt_length, seed=0)
+    summaries, runs = [], []
+    handoff = ray_handoff(args.prompts, args.max_new_tokens)
+    print(f"ray handoff {handoff}", flush=True)
+    for kind in args.backends.split(","):
+        spec = PPOJobSpec.model_validate({
+            "image": "bench", "seed": 1,
+            "model": {"path": str(checkpoint), "dtype": "bfloat16"},
+            "actor": {"backend": kind, "microBatchSize": args.micro_batch_size, "learningRate": 1e-6},
+            "rollout": {"batchSize": args.prompts, "maxNewTokens": args.max_new_tokens, "temperature": 1.0},
+        })
+        run = run_backend(kind, spec, prompts, args.steps)
+        runs.append(run)
+        summaries.append(summarize(run, ceiling, pinned, handoff))
+        (args.out / "bench.json").write_text(json.dumps(
+            {"ceiling_tflops": ceiling, "pinned_gb_per_s": pinned, "ray_handoff": handoff, "targets": TARGETS,
+             "summaries": summaries, "runs": runs}, indent=1))
+    text = table(summaries, ceiling, pinned, handoff)
+    (args.out / "bench.txt").write_text(text + "\n")
+    print(text)
+    for file in checkpoint.iterdir():
+        file.unlink()
+    checkpoint.rmdir()
+
+
+if __name__ == "__main__":
+    main()
