@@ -72,7 +72,6 @@ def transformer_config_kwargs(config, *, tensor: int, pipeline: int, dtype: torc
         "apply_rope_fusion": False,
         "gradient_accumulation_fusion": False,
         "persist_layer_norm": False,
-        "variable_seq_lengths": True,
     }
 
 
