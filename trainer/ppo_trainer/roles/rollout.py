@@ -39,7 +39,7 @@ from ppojob_api.vocabulary import RolloutEngine as EngineKind
 REWARD_KINDS = {RewardType.SYNTHETIC: "synthetic", RewardType.EXACT_ANSWER: "exact_answer", RewardType.CUSTOM: "custom"}
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class BuiltEngine:
     """An engine, its end of the weight-update group, and the server processes it runs on (SGLang)."""
 
@@ -64,7 +64,8 @@ def build_engine(
     from ppo_trainer.rollout.torch_engine import TorchRolloutEngine
 
     engine = TorchRolloutEngine(model_spec=spec.model, device=device, seed=spec.seed, dtype=spec.model.dtype)
-    return BuiltEngine(engine, WeightsReceiver(load=engine.update_weights, device=engine.device), servers=[])
+    receiver = WeightsReceiver(load=engine.update_weights, device=engine.device)
+    return BuiltEngine(engine=engine, weight_sync=receiver, servers=[])
 
 
 def _launch_sglang(spec: PPOJobSpec, *, device: str, rank: int, pad_token_id: int, builtin: bool) -> BuiltEngine:
@@ -87,7 +88,7 @@ def _launch_sglang(spec: PPOJobSpec, *, device: str, rank: int, pad_token_id: in
     engine = SGLangRolloutEngine(
         servers=[server.client()], pad_token_id=pad_token_id, tensor_parallel=spec.rollout.tensor_parallel
     )
-    return BuiltEngine(engine, engine, servers=[server])
+    return BuiltEngine(engine=engine, weight_sync=engine, servers=[server])
 
 
 def merge_batches(parts: list[RolloutBatch]) -> RolloutBatch:
