@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
 from local_cluster import GANG_SCHEDULER_NAME
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -57,8 +57,9 @@ class CountingProxy:
         body = await request.read()
         async with session.request(request.method, f"{self.server}{request.path_qs}", headers=headers,
                                    data=body or None, timeout=aiohttp.ClientTimeout(total=None)) as upstream:
+            # aiohttp decompresses the upstream body: its Content-Encoding must not be passed on.
             response = web.StreamResponse(status=upstream.status, headers={
-                k: v for k, v in upstream.headers.items() if k.lower() not in HOP})
+                k: v for k, v in upstream.headers.items() if k.lower() not in HOP | {"content-encoding"}})
             await response.prepare(request)
             async for chunk in upstream.content.iter_any():
                 await response.write(chunk)
@@ -107,5 +108,5 @@ class CountingProxy:
             await self._admin_session.close()
             await self._token_session.close()
 
-        asyncio.run_coroutine_threadsafe(stop(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
+        # Open watches of a still-running operator keep requests alive: do not wait for them.
+        asyncio.run_coroutine_threadsafe(stop(), self._loop)

@@ -10,8 +10,9 @@ import subprocess
 
 import pytest
 import yaml
-from local_cluster import GANG_SCHEDULER_NAME
 from operator_itest import PhaseRecorder, apply, condition, kget, tiny_manifest, wait_for, wait_phase
+
+from local_cluster import GANG_SCHEDULER_NAME
 
 pytestmark = [pytest.mark.cluster]
 

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import urllib3
 from counting_proxy import CountingProxy
 from kubernetes import client, config, watch
 from operator_itest import kget, tiny_manifest, wait_for
@@ -33,28 +34,33 @@ class Stopwatch:
         self.cluster_seen: dict[str, float] = {}
         self.running_seen: dict[str, float] = {}
         self.phase: dict[str, str] = {}
+        self.stopped = False
         self.watches = [watch.Watch(), watch.Watch()]
         for w, (group, version, plural) in zip(self.watches, [("ray.io", "v1", "rayclusters"),
                                                               ("ppojob.io", "v1alpha1", "ppojobs")], strict=True):
             threading.Thread(target=self._run, args=(w, group, version, plural), daemon=True).start()
 
     def _run(self, w, group, version, plural) -> None:
-        try:
-            for event in w.stream(self.objects.list_namespaced_custom_object, group, version, self.namespace, plural,
-                                  timeout_seconds=1200):
-                seen, body = time.monotonic(), event["object"]
-                name = body["metadata"]["name"]
-                if plural == "rayclusters":
-                    self.cluster_seen.setdefault(name, seen)
-                    continue
-                phase = (body.get("status") or {}).get("phase")
-                self.phase[name] = phase
-                if phase in ("CriticWarmup", "Training", "Succeeded"):
-                    self.running_seen.setdefault(name, seen)
-        except (client.exceptions.ApiException, OSError, ValueError):
+        while not self.stopped:  # a watch may end at any time: list and watch again (first-seen times stay)
+            try:
+                for event in w.stream(self.objects.list_namespaced_custom_object, group, version, self.namespace,
+                                      plural, timeout_seconds=300):
+                    self._seen(plural, event["object"], time.monotonic())
+            except (client.exceptions.ApiException, urllib3.exceptions.HTTPError, OSError, ValueError):
+                time.sleep(0.1)
+
+    def _seen(self, plural: str, body: dict, seen: float) -> None:
+        name = body["metadata"]["name"]
+        if plural == "rayclusters":
+            self.cluster_seen.setdefault(name, seen)
             return
+        phase = (body.get("status") or {}).get("phase")
+        self.phase[name] = phase
+        if phase in ("CriticWarmup", "Training", "Succeeded"):
+            self.running_seen.setdefault(name, seen)
 
     def stop(self) -> None:
+        self.stopped = True
         for w in self.watches:
             w.stop()
 
