@@ -196,6 +196,7 @@ class MegatronBackend:
         )
         if self.is_value_model:
             self.gpt.output_layer = ValueHead(hf_config.hidden_size, seed=seed, device=self.device, dtype=torch.float32)
+        self.gpt.to(self.device)  # torch-norm fallbacks are built on the CPU
         if directory is not None:
             self._load_hf(directory)
         module = Float16Module(self.config, self.gpt) if self.half else self.gpt
@@ -328,10 +329,12 @@ class MegatronBackend:
                 for index, param in enumerate(self.model.parameters()):
                     move(("param", index), param.data)
             else:
+                # Optimizer tensors that are views into the buffers (fp32 models) move with them.
+                tensors = list(self._optimizer_tensors()) if direction == "offload" else None
                 for index, buffer in enumerate(self.model.buffers):
                     move(("param_buffer", index), buffer.param_data)
                     move(("grad_buffer", index), buffer.grad_data, keep=False)
-                for index, tensor in enumerate(self._optimizer_tensors()):
+                for index, tensor in enumerate(tensors if tensors is not None else self._optimizer_tensors()):
                     move(("optimizer", index), tensor)
         torch.cuda.synchronize(self.device)
         if direction == "offload":
@@ -339,13 +342,17 @@ class MegatronBackend:
         self.last_transfer = {"direction": direction, "bytes": parking.bytes, "seconds": time.perf_counter() - started}
 
     def _optimizer_tensors(self) -> Iterator[torch.Tensor]:
-        """The fp32 main parameters and the optimizer's state tensors on the device, in a fixed order."""
+        """The main parameters and optimizer state on the device that do not live in the DDP
+        buffers, in a fixed order (call it while the buffers are on the device)."""
+        buffers = {b.param_data.untyped_storage().data_ptr() for b in self.model.buffers}
+        buffers |= {b.grad_data.untyped_storage().data_ptr() for b in self.model.buffers}
         for inner in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
             for group in inner.optimizer.param_groups:
                 for param in group["params"]:
-                    yield param.data
-                    for value in inner.optimizer.state.get(param, {}).values():
-                        if isinstance(value, torch.Tensor) and value.device.type == "cuda":
+                    tensors = [param.data, *inner.optimizer.state.get(param, {}).values()]
+                    for value in tensors:
+                        if (isinstance(value, torch.Tensor) and value.device.type == "cuda"
+                                and value.untyped_storage().data_ptr() not in buffers):
                             yield value
 
     def _require_on_device(self, what: str) -> None:
