@@ -10,9 +10,8 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from ppojob_api.vocabulary import ConditionType, Reason
-
 from ppo_operator.job import format_time, parse_time
+from ppojob_api.vocabulary import ConditionType, Reason
 
 TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
 

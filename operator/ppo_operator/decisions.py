@@ -12,14 +12,13 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from ppojob_api.spec import PPOJobSpec
-from ppojob_api.vocabulary import ConditionType, GangScheduler, Reason
-
 from ppo_operator.builders.common import gang_of
 from ppo_operator.conditions import is_true, transition_time
 from ppo_operator.gang import GangBackend, backend_for
 from ppo_operator.job import Job, parse_time
 from ppo_operator.observed import Observed, PodRecord, TrainerState
+from ppojob_api.spec import PPOJobSpec
+from ppojob_api.vocabulary import ConditionType, GangScheduler, Reason
 
 
 @dataclasses.dataclass(frozen=True)

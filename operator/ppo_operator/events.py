@@ -11,9 +11,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from ppojob_api.vocabulary import ConditionType, Phase, Reason
-
 from ppo_operator.conditions import TRUE, get_condition
+from ppojob_api.vocabulary import ConditionType, Phase, Reason
 
 NORMAL, WARNING = "Normal", "Warning"
 

@@ -17,7 +17,6 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import kopf
-from ppojob_api.vocabulary import GROUP, LABEL_JOB_NAME, PLURAL, VERSION, Reason
 
 from ppo_operator.events import Event
 from ppo_operator.gang import GroupResource
@@ -25,6 +24,7 @@ from ppo_operator.job import Job
 from ppo_operator.launchers import Launcher
 from ppo_operator.observed import summarize_pod, summarize_pod_group, summarize_raycluster
 from ppo_operator.reconcile import Children, JobMemory, Reconciler, job_key
+from ppojob_api.vocabulary import GROUP, LABEL_JOB_NAME, PLURAL, VERSION, Reason
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,6 @@ import threading
 from pathlib import Path
 
 import kopf
-from ppojob_api.vocabulary import GangScheduler
 
 from ppo_operator import handlers
 from ppo_operator.builders.common import BuildOptions
@@ -31,6 +30,7 @@ from ppo_operator.kube import Kube
 from ppo_operator.launchers.local import LocalLauncher
 from ppo_operator.launchers.ray_jobs import RayJobsLauncher
 from ppo_operator.reconcile import Reconciler
+from ppojob_api.vocabulary import GangScheduler
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -14,9 +14,8 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from ppojob_api.vocabulary import LABEL_ATTEMPT, LABEL_ROLE
-
 from ppo_operator.job import parse_time
+from ppojob_api.vocabulary import LABEL_ATTEMPT, LABEL_ROLE
 
 
 def _attempt(labels: Mapping[str, str]) -> int | None:

@@ -13,9 +13,6 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from ppojob_api.spec import PPOJobSpec
-from ppojob_api.vocabulary import ConditionType, Phase, Reason
-
 from ppo_operator.builders.common import BuildOptions
 from ppo_operator.builders.pod_group import build_pod_group
 from ppo_operator.builders.raycluster import build_raycluster
@@ -24,6 +21,8 @@ from ppo_operator.decisions import Policy, ttl_expires_at
 from ppo_operator.gang import GroupResource, pod_group_resources
 from ppo_operator.job import Job, parse_time
 from ppo_operator.observed import Observed
+from ppojob_api.spec import PPOJobSpec
+from ppojob_api.vocabulary import ConditionType, Phase, Reason
 
 RAYCLUSTERS = GroupResource("ray.io", "v1", "rayclusters", "RayCluster")
 ACTIVE = {Phase.PENDING, Phase.SCHEDULING, Phase.INITIALIZING, Phase.CRITIC_WARMUP, Phase.TRAINING, Phase.RESTARTING}

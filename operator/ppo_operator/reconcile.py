@@ -16,9 +16,6 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from ppojob_api.spec import PPOJobSpec
-from ppojob_api.vocabulary import GROUP, KIND, PLURAL, VERSION, Reason
-
 from ppo_operator import names
 from ppo_operator.builders.common import BuildOptions
 from ppo_operator.builders.rbac import build_role, build_role_binding, build_service_account
@@ -31,6 +28,8 @@ from ppo_operator.launchers import Launcher
 from ppo_operator.observed import ClusterRecord, Observed, PodGroupRecord, PodRecord, TrainerRecord
 from ppo_operator.plan import RAYCLUSTERS, Plan, next_wakeup, plan_actions
 from ppo_operator.status import compute_status, operator_status, status_changed, status_patch
+from ppojob_api.spec import PPOJobSpec
+from ppojob_api.vocabulary import GROUP, KIND, PLURAL, VERSION, Reason
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,6 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from ppojob_api.spec import PPOJobSpec
-from ppojob_api.vocabulary import ConditionType, Phase, Reason
-
 from ppo_operator import names
 from ppo_operator.conditions import UNKNOWN, get_condition, set_condition
 from ppo_operator.decisions import (
@@ -30,6 +27,8 @@ from ppo_operator.decisions import (
 )
 from ppo_operator.job import Job, format_time, parse_time
 from ppo_operator.observed import Observed, TrainerState
+from ppojob_api.spec import PPOJobSpec
+from ppojob_api.vocabulary import ConditionType, Phase, Reason
 
 OPERATOR_KEYS = (
     "phase", "reason", "message", "observedGeneration", "startTime", "completionTime",
@@ -75,8 +74,15 @@ class _Draft:
                 self.condition(type_, status, reason, message)
 
     def finish(self, phase: Phase, reason: Reason, message: str) -> dict[str, Any]:
-        self.reset_attempt(reason, message, False)
-        if get_condition(self.conditions, ConditionType.CRITIC_WARMUP) is not None:
+        """Succeeded or Failed: the cluster goes (so do its conditions), the trainer is stopped."""
+        torn_down = f"{phase.value}: the RayCluster and its pod group are deleted"
+        for type_ in (ConditionType.GANG_SCHEDULED, ConditionType.CLUSTER_READY):
+            if get_condition(self.conditions, type_) is not None:
+                self.condition(type_, False, Reason.CLUSTER_DELETED, torn_down)
+        if get_condition(self.conditions, ConditionType.TRAINER_RUNNING) is not None:
+            self.condition(ConditionType.TRAINER_RUNNING, False, reason, message)
+        warmup = get_condition(self.conditions, ConditionType.CRITIC_WARMUP)
+        if warmup is not None and warmup.get("status") == "True":
             self.condition(ConditionType.CRITIC_WARMUP, False, reason, message)
         self.condition(ConditionType.SUCCEEDED, phase == Phase.SUCCEEDED, reason, message)
         if phase == Phase.FAILED:

@@ -9,12 +9,11 @@ import dataclasses
 import math
 from typing import Any
 
-from ppojob_api.spec import PPOJobSpec
-from ppojob_api.vocabulary import Placement
-
 from ppo_operator import names
 from ppo_operator.gang import Gang
 from ppo_operator.job import Job
+from ppojob_api.spec import PPOJobSpec
+from ppojob_api.vocabulary import Placement
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ppojob_api.spec import PPOJobSpec
-
 from ppo_operator.builders.common import child_metadata, gang_of
 from ppo_operator.gang import GangBackend
 from ppo_operator.job import Job
+from ppojob_api.spec import PPOJobSpec
 
 
 def build_pod_group(job: Job, spec: PPOJobSpec, *, attempt: int, backend: GangBackend) -> dict[str, Any] | None:

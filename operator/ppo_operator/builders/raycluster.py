@@ -11,13 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ppojob_api.spec import PPOJobSpec
-from ppojob_api.vocabulary import LABEL_ROLE
-
 from ppo_operator import names
 from ppo_operator.builders.common import BuildOptions, child_metadata, gang_of, rollout_shape
 from ppo_operator.gang import Gang, GangBackend
 from ppo_operator.job import Job
+from ppojob_api.spec import PPOJobSpec
+from ppojob_api.vocabulary import LABEL_ROLE
 
 GPU = "nvidia.com/gpu"
 SHM_VOLUME = "dshm"

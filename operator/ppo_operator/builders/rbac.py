@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ppojob_api.vocabulary import GROUP, PLURAL
-
 from ppo_operator import names
 from ppo_operator.builders.common import child_metadata
 from ppo_operator.job import Job
+from ppojob_api.vocabulary import GROUP, PLURAL
 
 
 def build_service_account(job: Job) -> dict[str, Any]:

@@ -13,11 +13,11 @@ import shlex
 from typing import Any
 
 import yaml
-from ppojob_api.vocabulary import API_VERSION, KIND
 
 from ppo_operator import names
 from ppo_operator.builders.common import BuildOptions
 from ppo_operator.job import Job
+from ppojob_api.vocabulary import API_VERSION, KIND
 
 DASHBOARD_PORT = 8265
 

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ppojob_api.vocabulary import GangScheduler
-
 from ppo_operator.gang.base import Gang, GangBackend, GroupResource
 from ppo_operator.gang.coscheduling import CoschedulingBackend
 from ppo_operator.gang.kueue import KueueBackend
 from ppo_operator.gang.none import NoGangBackend
 from ppo_operator.gang.volcano import VolcanoBackend
+from ppojob_api.vocabulary import GangScheduler
 
 BACKENDS: dict[GangScheduler, type[GangBackend]] = {
     GangScheduler.COSCHEDULING: CoschedulingBackend,

@@ -10,10 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ppo_operator.gang.base import Gang, GangBackend, GroupResource
 from ppojob_api.spec import PPOJobSpec
 from ppojob_api.vocabulary import GangScheduler
-
-from ppo_operator.gang.base import Gang, GangBackend, GroupResource
 
 POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 

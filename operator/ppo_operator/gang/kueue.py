@@ -10,10 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ppo_operator.gang.base import GangBackend
 from ppojob_api.spec import PPOJobSpec
 from ppojob_api.vocabulary import GangScheduler
-
-from ppo_operator.gang.base import GangBackend
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"

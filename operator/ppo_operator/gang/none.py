@@ -9,9 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ppojob_api.vocabulary import GangScheduler
-
 from ppo_operator.gang.base import GangBackend
+from ppojob_api.vocabulary import GangScheduler
 
 
 class NoGangBackend(GangBackend):

@@ -9,10 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ppo_operator.gang.base import Gang, GangBackend, GroupResource
 from ppojob_api.spec import PPOJobSpec
 from ppojob_api.vocabulary import GangScheduler
-
-from ppo_operator.gang.base import Gang, GangBackend, GroupResource
 
 GROUP_NAME_ANNOTATION = "scheduling.k8s.io/group-name"
 

@@ -32,6 +32,7 @@ class Stopwatch:
         self.objects = client.CustomObjectsApi(api)
         self.namespace = namespace
         self.cluster_seen: dict[str, float] = {}
+        self.ready_seen: dict[str, float] = {}
         self.running_seen: dict[str, float] = {}
         self.phase: dict[str, str] = {}
         self.stopped = False
@@ -53,6 +54,8 @@ class Stopwatch:
         name = body["metadata"]["name"]
         if plural == "rayclusters":
             self.cluster_seen.setdefault(name, seen)
+            if (body.get("status") or {}).get("state") == "ready":
+                self.ready_seen.setdefault(name, seen)
             return
         phase = (body.get("status") or {}).get("phase")
         self.phase[name] = phase
@@ -74,7 +77,7 @@ def test_apply_to_children_and_running_and_api_requests_per_job(local_cluster, k
         start_operator(KUBECONFIG=str(kubeconfig), STANDIN_STEP_SECONDS="0.05")
         time.sleep(3)  # startup: kopf's initial lists and watches
         before = proxy.snapshot()
-        created, running = [], []
+        created, ready, running = [], [], []
         for run in range(RUNS):
             name = f"m{run}"
             manifest = tiny_manifest(name, ppo={"numRollouts": 4, "numCriticOnlySteps": 1}, checkpoint={"interval": 2})
@@ -83,6 +86,7 @@ def test_apply_to_children_and_running_and_api_requests_per_job(local_cluster, k
             stopwatch.objects.create_namespaced_custom_object("ppojob.io", "v1alpha1", ns, "ppojobs", manifest)
             wait_for(f"{name} succeeded", lambda n=name: stopwatch.phase.get(n) == "Succeeded", timeout=120, interval=0.05)
             created.append(stopwatch.cluster_seen[f"{name}-a0"] - applied)
+            ready.append(stopwatch.ready_seen[f"{name}-a0"] - applied)
             running.append(stopwatch.running_seen[name] - applied)
             local_cluster.kubectl("delete", "ppojob", name, "-n", ns, "--timeout=60s")
             wait_for(f"{name} children gone", lambda n=name: not kget(local_cluster, "serviceaccounts", ns,
@@ -97,7 +101,9 @@ def test_apply_to_children_and_running_and_api_requests_per_job(local_cluster, k
     result = {
         "runs": RUNS,
         "apply_to_children_created_s": {"median": statistics.median(created), "all": created},
+        "apply_to_raycluster_ready_s": {"median": statistics.median(ready), "all": ready},
         "apply_to_running_s": {"median": statistics.median(running), "all": running},
+        "raycluster_ready_to_running_s": {"median": statistics.median([r - c for r, c in zip(running, ready, strict=True)])},
         "operator_requests_per_job": {k: v / RUNS for k, v in sorted(operator_requests.items())},
         "operator_requests_per_job_total": sum(operator_requests.values()) / RUNS,
         "trainer_requests_per_job": {k: v / RUNS for k, v in sorted(trainer_requests.items())},

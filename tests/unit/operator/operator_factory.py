@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+
 from ppo_operator.job import Job
 from ppo_operator.observed import ClusterRecord, PodGroupRecord, PodRecord
 

@@ -6,6 +6,7 @@ import base64
 
 import yaml
 from operator_factory import make_job
+
 from ppo_operator.builders.common import BuildOptions, gang_of
 from ppo_operator.builders.pod_group import build_pod_group
 from ppo_operator.builders.raycluster import build_raycluster

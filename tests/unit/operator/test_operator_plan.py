@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from operator_factory import NOW, cluster, make_ppojob, pod_group
+
 from ppo_operator.builders.common import BuildOptions
 from ppo_operator.decisions import Policy
 from ppo_operator.gang import pod_group_resources

@@ -6,6 +6,7 @@ import asyncio
 import copy
 
 from operator_factory import NOW, cluster, make_ppojob, pod_group, pods
+
 from ppo_operator.builders.common import BuildOptions
 from ppo_operator.decisions import Policy
 from ppo_operator.observed import TrainerRecord, TrainerState

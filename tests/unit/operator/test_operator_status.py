@@ -6,6 +6,7 @@ from datetime import timedelta
 
 import pytest
 from operator_factory import NOW, cluster, make_job, make_ppojob, pod_group, pods
+
 from ppo_operator.decisions import Policy
 from ppo_operator.job import Job, format_time
 from ppo_operator.observed import Observed, PodRecord, TrainerRecord, TrainerState
@@ -103,6 +104,8 @@ def test_placed_gang_then_cluster_then_trainer_then_warmup_then_training_then_su
     status = run(body, running, NOW + timedelta(seconds=8))
     assert (status["phase"], status["message"]) == ("Succeeded", "5/5 steps done")
     assert cond(status, "Succeeded")["status"] == "True" and cond(status, "TrainerRunning")["status"] == "False"
+    assert (cond(status, "GangScheduled")["status"], cond(status, "GangScheduled")["reason"]) == ("False", "ClusterDeleted")
+    assert cond(status, "CriticWarmup")["reason"] == "CriticWarmupDone"  # not rewritten at the end
     assert status["completionTime"] == format_time(NOW + timedelta(seconds=8))
 
 

@@ -1,0 +1,126 @@
+"""The development-mode launcher with real local processes: one trainer per attempt, ever; its exit
+code observed; stopped and forgotten. And the Ray job-submission launcher against a fake dashboard."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+
+from aiohttp import web
+from operator_factory import make_job
+
+from ppo_operator.builders.common import BuildOptions
+from ppo_operator.launchers.local import LocalLauncher
+from ppo_operator.launchers.ray_jobs import RayJobsLauncher
+from ppo_operator.observed import TrainerState
+
+
+class TokenKube:
+    server = "https://127.0.0.1:6443"
+    verifies_tls = True
+
+    def __init__(self):
+        self.token_requests = 0
+
+    async def request_token(self, namespace, service_account, body):
+        self.token_requests += 1
+        return "t0k3n"
+
+    def ca_data(self):
+        return "Q0E="
+
+
+def launcher(tmp_path, script: str) -> tuple[LocalLauncher, TokenKube]:
+    kube = TokenKube()
+    command = (sys.executable, "-c", script)
+    return LocalLauncher(kube, state_dir=tmp_path, options=BuildOptions(trainer_command=command)), kube
+
+
+def wait_state(local, job, attempt, state, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        record = asyncio.run(local.observe(job, attempt))
+        if record.state == state:
+            return record
+        time.sleep(0.05)
+    raise AssertionError(f"not {state}: {record}")
+
+
+def test_one_trainer_per_attempt_even_when_launched_twice(tmp_path):
+    local, kube = launcher(tmp_path, "import time; time.sleep(30)")
+    job = make_job()
+    assert asyncio.run(local.observe(job, 0)).state == TrainerState.NOT_STARTED
+    first = asyncio.run(local.launch(job, 0))
+    second = asyncio.run(local.launch(job, 0))  # e.g. after an operator restart
+    assert first.state == second.state == TrainerState.RUNNING and first.handle == second.handle
+    assert kube.token_requests == 1
+    folder = local.attempt_dir(job, 0)
+    assert "token: t0k3n" in (folder / "kubeconfig").read_text()
+    assert oct((folder / "kubeconfig").stat().st_mode)[-3:] == "600"
+    assert asyncio.run(local.stop_others(job, keep_attempt=0)) == []
+    assert asyncio.run(local.stop_others(job, keep_attempt=1)) == [0]
+    record = wait_state(local, job, 0, TrainerState.FAILED)
+    assert "gone without an exit code" in record.message
+
+
+def test_exit_codes_are_observed_and_arguments_passed(tmp_path):
+    script = "import sys, os; print(sys.argv[1:], os.environ['PPOJOB_ATTEMPT'], os.environ['KUBECONFIG']); sys.exit(3)"
+    local, _ = launcher(tmp_path, script)
+    job = make_job()
+    asyncio.run(local.launch(job, 2))
+    record = wait_state(local, job, 2, TrainerState.FAILED)
+    assert "exited with code 3" in record.message
+    log = (local.attempt_dir(job, 2) / "trainer.log").read_text()
+    assert "--resume" in log and "'--run-dir'" in log and f"{local.job_dir(job)}/run" in log and " 2 " in log
+
+
+def test_a_clean_exit_is_success_and_forget_drops_everything(tmp_path):
+    local, _ = launcher(tmp_path, "pass")
+    job = make_job()
+    asyncio.run(local.launch(job, 0))
+    wait_state(local, job, 0, TrainerState.SUCCEEDED)
+    asyncio.run(local.forget(job))
+    assert not local.job_dir(job).exists()
+
+
+def test_ray_jobs_launcher_submits_once_and_reads_the_state():
+    async def scenario():
+        jobs: dict[str, dict] = {}
+
+        async def submit(request):
+            body = await request.json()
+            if body["submission_id"] in jobs:
+                return web.Response(status=400, text=f"Job with submission_id {body['submission_id']} already exists.")
+            jobs[body["submission_id"]] = {"status": "RUNNING", "message": ""}
+            return web.json_response({"submission_id": body["submission_id"]})
+
+        async def info(request):
+            found = jobs.get(request.match_info["id"])
+            return web.json_response(found) if found else web.Response(status=404)
+
+        app = web.Application()
+        app.router.add_post("/api/jobs/", submit)
+        app.router.add_get("/api/jobs/{id}", info)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        ray = RayJobsLauncher(options=BuildOptions(), url_of=lambda job, attempt: f"http://127.0.0.1:{port}")
+        job = make_job()
+        try:
+            assert (await ray.observe(job, 0)).state == TrainerState.NOT_STARTED
+            await ray.launch(job, 0)
+            await ray.launch(job, 0)  # refused by Ray as a duplicate: not an error, not a second trainer
+            assert list(jobs) == ["ppojob-1234-abcd-a0"]
+            assert (await ray.observe(job, 0)).state == TrainerState.RUNNING
+            jobs["ppojob-1234-abcd-a0"] = {"status": "FAILED", "message": "driver exited with 1"}
+            record = await ray.observe(job, 0)
+            assert record.state == TrainerState.FAILED and "driver exited with 1" in record.message
+        finally:
+            await runner.cleanup()
+        unreachable = RayJobsLauncher(options=BuildOptions(), url_of=lambda job, attempt: "http://127.0.0.1:9")
+        assert (await unreachable.observe(job, 0)).state == TrainerState.UNKNOWN
+
+    asyncio.run(scenario())
