@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from ppo_trainer.batch import RolloutBatch
 from ppojob_api.spec import ModelSpec
 
