@@ -29,7 +29,6 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "trainer"), str(ROOT / "api")]
 
-import ppo_trainer.roles.base as roles_base
 from ppo_trainer.batch import CriticOutput
 from ppo_trainer.roles.actor import ActorWorker
 from ppo_trainer.roles.critic import CriticWorker
@@ -142,30 +141,8 @@ class Recorder:
         setattr(obj, method, timed)
 
 
-def build_backend_for(kind: str):
-    """A replacement for roles/base.py's build_backend that also knows the Megatron backend."""
-
-    def build(spec: PPOJobSpec, *, role: str, device: str):
-        kwargs = {
-            "model_spec": spec.model, "role": role, "device": device, "seed": spec.seed, "dtype": spec.model.dtype,
-            "learning_rate": spec.critic_learning_rate if role == "critic" else spec.actor.learning_rate,
-            "max_grad_norm": spec.actor.max_grad_norm, "logits_temperature": spec.rollout.temperature or 1.0,
-            "forward_micro_batch_size": spec.actor.micro_batch_size,
-        }
-        if kind == "Megatron":
-            from ppo_trainer.backends.megatron.backend import MegatronBackend
-
-            parallel = spec.actor.parallelism
-            return MegatronBackend(**kwargs, tensor_parallel=parallel.tensor, pipeline_parallel=parallel.pipeline)
-        from ppo_trainer.backends.torch_backend import TorchBackend
-
-        return TorchBackend(**kwargs)
-
-    return build
-
-
 def run_backend(kind: str, spec: PPOJobSpec, prompts: list[list[int]], steps: int) -> dict:
-    roles_base.build_backend = build_backend_for(kind)
+    spec = spec.model_copy(update={"actor": spec.actor.model_copy(update={"backend": kind})})
     recorder = Recorder()
     built = time.perf_counter()
     engine = TorchRolloutEngine(model_spec=spec.model, device="cuda", seed=spec.seed, dtype=spec.model.dtype,

@@ -19,6 +19,7 @@ import os
 from collections.abc import Iterator
 
 import torch
+
 from ppo_trainer.backends.base import TrainBackend
 from ppo_trainer.batch import RolloutBatch
 from ppo_trainer.distributed import DataParallelGroup
@@ -28,24 +29,26 @@ from ppojob_api.vocabulary import TrainBackend as BackendKind
 
 
 def build_backend(spec: PPOJobSpec, *, role: str, device: str) -> TrainBackend:
-    """The training backend of one rank of `role` ("actor", "critic" or "ref")."""
-    if spec.actor.backend != BackendKind.TORCH:
-        raise NotImplementedError(
-            f"actor.backend {spec.actor.backend.value} is not available in this build; use Torch"
-        )
+    """The training backend of one rank of `role` ("actor", "critic" or "ref"), as spec.actor.backend says."""
+    kwargs = {
+        "model_spec": spec.model,
+        "role": role,
+        "learning_rate": spec.critic_learning_rate if role == "critic" else spec.actor.learning_rate,
+        "max_grad_norm": spec.actor.max_grad_norm,
+        "device": device,
+        "seed": spec.seed,
+        "dtype": spec.model.dtype,
+        "logits_temperature": spec.rollout.temperature or 1.0,  # log-probs of the distribution sampled from
+        "forward_micro_batch_size": spec.actor.micro_batch_size,
+    }
+    if spec.actor.backend == BackendKind.MEGATRON:
+        from ppo_trainer.backends.megatron.backend import MegatronBackend
+
+        parallel = spec.actor.parallelism
+        return MegatronBackend(**kwargs, tensor_parallel=parallel.tensor, pipeline_parallel=parallel.pipeline)
     from ppo_trainer.backends.torch_backend import TorchBackend
 
-    learning_rate = spec.critic_learning_rate if role == "critic" else spec.actor.learning_rate
-    return TorchBackend(
-        model_spec=spec.model,
-        role=role,
-        learning_rate=learning_rate,
-        max_grad_norm=spec.actor.max_grad_norm,
-        device=device,
-        seed=spec.seed,
-        dtype=spec.model.dtype,
-        logits_temperature=spec.rollout.temperature or 1.0,  # log-probs of the distribution sampled from
-    )
+    return TorchBackend(**kwargs)
 
 
 def take_rows(tensor: torch.Tensor, rows: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -78,6 +81,11 @@ class RoleWorker:
         self._transitions: list[Transition] = []
         self.residency = Residency.for_train_role(self.role, rank=rank, listener=self._transitions.append)
         self.data_parallel = None
+        if world_size > 1 and spec.actor.backend == BackendKind.MEGATRON:
+            raise ValueError(
+                f"actor.backend Megatron runs one rank per role for now (got {world_size} ranks): set"
+                " resources.nodes * resources.gpusPerNode to 1, or use actor.backend Torch for data parallelism"
+            )
         if world_size > 1 and self.role in DATA_PARALLEL_ROLES:
             self.data_parallel = DataParallelGroup(
                 role=self.role, rank=rank, world_size=world_size, device=device, listener=self._transitions.append
