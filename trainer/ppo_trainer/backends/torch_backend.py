@@ -89,8 +89,8 @@ class TorchBackend:
                 fused=self.device.type == "cuda",
             )
         self.offloaded = False
-        self.last_transfer: dict[str, Any] = {"direction": None, "bytes": 0, "seconds": 0.0}
         self._mirror = HostMirror(device=self.device)
+        self.last_transfer: dict[str, Any] = dict(self._mirror.last_transfer)
 
     # ----- passes -----------------------------------------------------------------------------
 
@@ -202,18 +202,25 @@ class TorchBackend:
         self.offloaded = False
 
     def _transfer(self, direction: str) -> None:
-        move = self._mirror.to_host if direction == "offload" else self._mirror.to_device
-        self._mirror.begin()
+        """Parameters, gradients and optimizer state through the mirror's one flat buffer."""
+        setters, tensors = [], []
+
+        def add(tensor: torch.Tensor, setter) -> None:
+            setters.append(setter)
+            tensors.append(tensor)
+
+        for param in self.model.parameters():
+            add(param.data, lambda t, p=param: setattr(p, "data", t))
+            if param.grad is not None:
+                add(param.grad, lambda t, p=param: setattr(p, "grad", t))
+            state = self.optimizer.state.get(param, {}) if self.optimizer is not None else {}
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor):
+                    add(value, lambda t, s=state, k=key: s.__setitem__(k, t))
         with torch.no_grad():
-            for index, param in enumerate(self.model.parameters()):
-                param.data = move((index, "param"), param.data)
-                if param.grad is not None:
-                    param.grad = move((index, "grad"), param.grad)
-                state = self.optimizer.state.get(param, {}) if self.optimizer is not None else {}
-                for key, value in state.items():
-                    if isinstance(value, torch.Tensor):
-                        state[key] = move((index, key), value)
-        self.last_transfer = self._mirror.end(direction=direction)
+            move = self._mirror.to_host if direction == "offload" else self._mirror.to_device
+            move(tensors, lambda index, moved: setters[index](moved), direction=direction)
+        self.last_transfer = dict(self._mirror.last_transfer)
 
     def _require_on_device(self, what: str) -> None:
         if self.offloaded:

@@ -1,60 +1,136 @@
-"""Moving tensors between an accelerator and reusable pinned host buffers, and back.
+"""Moving a set of tensors between an accelerator and one flat pinned host buffer, and back.
 
 Offload (training backends) and sleep (rollout engines) both park tensors in host memory and
-bring them back. Pinned buffers are allocated once per tensor and reused, since pinning costs
-far more than copying. On a CPU device the host copy is the tensor itself and nothing moves.
+bring them back. A `HostMirror` packs the caller's device tensors into ONE pinned buffer
+(allocated once per layout and reused, since pinning costs far more than copying) and hands
+back views into it; bringing them back allocates one device buffer, copies the whole pinned
+buffer in one transfer, and hands back views into that. While the tensors are still those
+views, the next offload is again one copy. The copies themselves are timed with device events
+("seconds"); waiting for them and releasing the freed device memory are timed apart
+("sync_seconds"). On a CPU device the host copy is the tensor itself and nothing moves.
 Must not depend on models, optimizers or the PPO loop: callers decide which tensors to move.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable
+from collections.abc import Callable
 
 import torch
 
+ALIGNMENT = 512
+"""Byte alignment of each tensor inside the flat buffers (vectorised kernels want 16 or more)."""
+
+
+Put = Callable[[int, torch.Tensor], None]
+"""`put(index, moved)`: the caller replaces its tensor number `index` with `moved`."""
+
+
+def _aligned(size: int) -> int:
+    return (size + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
+
 
 class HostMirror:
-    """Pinned host buffers for one device, keyed by the caller; counts bytes and time per transfer."""
+    """One flat pinned host buffer for one device's tensors; counts bytes and times each transfer.
+
+    `to_host(tensors, put)` and `to_device(tensors, put)` call `put(index, moved)` for each
+    tensor that moves (the caller swaps it in, dropping its reference to the old one, before the
+    freed device memory is released); `last_transfer` describes the latest call: {"direction", "bytes", "seconds" (the copy on the
+    device), "sync_seconds" (waiting for it and releasing device memory), "copies"}.
+    """
 
     def __init__(self, *, device: str | torch.device):
         self.device = torch.device(device)
-        self._buffers: dict[Hashable, torch.Tensor] = {}
-        self._bytes = 0
-        self._started = 0.0
+        self._host: torch.Tensor | None = None
+        self._layout: list[tuple[int, torch.Size, torch.dtype]] = []
+        self._device_flat: torch.Tensor | None = None
+        self.last_transfer: dict = {"direction": None, "bytes": 0, "seconds": 0.0, "sync_seconds": 0.0, "copies": 0}
 
-    def begin(self) -> None:
-        self._bytes = 0
-        self._started = time.perf_counter()
+    def to_host(self, tensors: list[torch.Tensor], put: Put, *, direction: str = "offload") -> None:
+        """Host views holding the device tensors' values; tensors already on the host stay as they are.
 
-    def end(self, *, direction: str) -> dict:
-        """Wait for the copies; after an offload give the freed device memory back to the driver.
+        `tensors` is emptied before the freed device memory is released, so that it holds no
+        reference to the device copies."""
+        moving = [i for i, t in enumerate(tensors) if self.device.type != "cpu" and t.device.type != "cpu"]
+        if not moving:
+            self._record(direction, 0, 0.0, 0.0, 0)
+            return
+        started = time.perf_counter()
+        layout = self._plan([tensors[i] for i in moving])
+        if self._host is None or layout != self._layout:
+            total = layout[-1][0] + _aligned(_nbytes(layout[-1]))
+            self._host = torch.empty(total, dtype=torch.uint8, pin_memory=True)
+            self._layout = layout
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        flat = self._device_flat
+        whole = flat is not None and all(
+            tensors[i].is_contiguous() and tensors[i].data_ptr() == flat.data_ptr() + offset
+            for i, (offset, _, _) in zip(moving, layout, strict=True)
+        )
+        begin.record()
+        if whole:
+            self._host.copy_(flat, non_blocking=True)
+            copies = 1
+        else:
+            for i, entry in zip(moving, layout, strict=True):
+                self._view(self._host, entry).copy_(tensors[i], non_blocking=True)
+            copies = len(moving)
+        end.record()
+        for i, entry in zip(moving, layout, strict=True):
+            put(i, self._view(self._host, entry))
+        self._device_flat = flat = None
+        tensors.clear()
+        self._finish(direction, begin, end, started, copies, release=True)
 
-        Returns {"direction", "bytes", "seconds"} for the transfer since `begin`.
-        """
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            if direction in ("offload", "sleep"):
-                torch.cuda.empty_cache()
-        return {"direction": direction, "bytes": self._bytes, "seconds": time.perf_counter() - self._started}
+    def to_device(self, tensors: list[torch.Tensor], put: Put, *, direction: str = "onload") -> None:
+        """Device views of the tensors that `to_host` parked (in one copy); anything else stays
+        put (tensors that live on the host for good, such as AdamW's unfused `step` counters)."""
+        host = self._host
+        moving = [] if self.device.type == "cpu" or host is None else [
+            i for i, t in enumerate(tensors)
+            if t.device.type == "cpu" and t.untyped_storage().data_ptr() == host.untyped_storage().data_ptr()
+        ]
+        if not moving:
+            self._record(direction, 0, 0.0, 0.0, 0)
+            return
+        started = time.perf_counter()
+        flat = torch.empty(host.numel(), dtype=torch.uint8, device=self.device)
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        flat.copy_(host, non_blocking=True)
+        end.record()
+        by_offset = {entry[0]: entry for entry in self._layout}
+        for i in moving:
+            put(i, self._view(flat, by_offset[tensors[i].data_ptr() - host.data_ptr()]))
+        self._device_flat = flat
+        self._finish(direction, begin, end, started, 1, release=False)
 
-    def to_host(self, key: Hashable, tensor: torch.Tensor) -> torch.Tensor:
-        """The tensor's host copy; tensors already on the host stay as they are."""
-        if self.device.type == "cpu" or tensor.device.type == "cpu":
-            return tensor
-        host = self._buffers.get(key)
-        if host is None or host.shape != tensor.shape or host.dtype != tensor.dtype:
-            host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
-            self._buffers[key] = host
-        host.copy_(tensor, non_blocking=True)
-        self._bytes += tensor.nbytes
-        return host
+    def _plan(self, tensors: list[torch.Tensor]) -> list[tuple[int, torch.Size, torch.dtype]]:
+        layout, offset = [], 0
+        for tensor in tensors:
+            layout.append((offset, tensor.shape, tensor.dtype))
+            offset += _aligned(tensor.nbytes)
+        return layout
 
-    def to_device(self, key: Hashable, tensor: torch.Tensor) -> torch.Tensor:
-        """Back on the device, if `to_host` parked it under `key`; anything else stays put
-        (tensors that live on the host for good, such as AdamW's unfused `step` counters)."""
-        host = self._buffers.get(key)
-        if self.device.type == "cpu" or host is None or tensor.data_ptr() != host.data_ptr():
-            return tensor
-        self._bytes += tensor.nbytes
-        return tensor.to(self.device, non_blocking=True)
+    @staticmethod
+    def _view(flat: torch.Tensor, entry: tuple[int, torch.Size, torch.dtype]) -> torch.Tensor:
+        offset, shape, dtype = entry
+        return flat[offset : offset + _nbytes(entry)].view(dtype).view(shape)
+
+    def _finish(self, direction: str, begin, end, started: float, copies: int, *, release: bool) -> None:
+        end.synchronize()
+        if release:
+            torch.cuda.empty_cache()
+        copy_seconds = begin.elapsed_time(end) / 1e3
+        total = time.perf_counter() - started
+        self._record(direction, sum(_nbytes(e) for e in self._layout), copy_seconds, max(0.0, total - copy_seconds), copies)
+
+    def _record(self, direction: str, size: int, seconds: float, sync_seconds: float, copies: int) -> None:
+        self.last_transfer = {
+            "direction": direction, "bytes": size, "seconds": seconds, "sync_seconds": sync_seconds, "copies": copies,
+        }
+
+
+def _nbytes(entry: tuple[int, torch.Size, torch.dtype]) -> int:
+    _, shape, dtype = entry
+    return shape.numel() * dtype.itemsize

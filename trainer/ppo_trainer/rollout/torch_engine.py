@@ -212,7 +212,7 @@ class TorchRolloutEngine:
         self._weights = self.model.state_dict(keep_vars=True)
         self._mirror = HostMirror(device=self.device)
         self.asleep = False
-        self.last_transfer: dict = {"direction": None, "bytes": 0, "seconds": 0.0}
+        self.last_transfer: dict = dict(self._mirror.last_transfer)
         self.last_timing: dict[str, float] = {}
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Generation:
@@ -318,14 +318,13 @@ class TorchRolloutEngine:
         self.asleep = False
 
     def _move_weights(self, direction: str) -> None:
+        """Parameters and buffers through the mirror's one flat buffer."""
+        tensors = [*self.model.parameters(), *self.model.buffers()]
         move = self._mirror.to_host if direction == "sleep" else self._mirror.to_device
-        self._mirror.begin()
         with torch.no_grad():
-            for name, param in self.model.named_parameters():
-                param.data = move(("param", name), param.data)
-            for name, buffer in self.model.named_buffers():
-                buffer.data = move(("buffer", name), buffer.data)
-        self.last_transfer = self._mirror.end(direction=direction)
+            move([t.data for t in tensors], lambda index, moved: setattr(tensors[index], "data", moved),
+                 direction=direction)
+        self.last_transfer = dict(self._mirror.last_transfer)
 
 
 def _check_params(params: SamplingParams) -> None:
