@@ -118,8 +118,8 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
 
 def test_sampling_with_top_p_never_draws_outside_the_nucleus():
     logits = torch.log(torch.tensor([0.05, 0.5, 0.15, 0.3])).expand(4000, 4)
-    generator = torch.Generator().manual_seed(0)
-    tokens, log_probs = sample_tokens(logits, temperature=1.0, top_p=0.8, generator=generator)
+    uniform = torch.rand(4000, generator=torch.Generator().manual_seed(0))
+    tokens, log_probs = sample_tokens(logits, temperature=1.0, top_p=0.8, uniform=uniform)
     assert set(tokens.tolist()) == {1, 3}
     assert (tokens == 1).float().mean().item() == pytest.approx(0.5 / 0.8, abs=0.03)
     # Reported log-probs are under the full (temperature-scaled) distribution, not the nucleus.
@@ -128,9 +128,19 @@ def test_sampling_with_top_p_never_draws_outside_the_nucleus():
 
 def test_sampling_follows_the_temperature_scaled_distribution():
     logits = torch.log(torch.tensor([0.2, 0.8])).expand(20000, 2)
-    tokens, _ = sample_tokens(logits, temperature=2.0, top_p=1.0, generator=torch.Generator().manual_seed(1))
-    expected = torch.softmax(torch.log(torch.tensor([0.2, 0.8])) / 2.0, -1)[1].item()
-    assert (tokens == 1).float().mean().item() == pytest.approx(expected, abs=0.015)
+    uniform = torch.rand(20000, generator=torch.Generator().manual_seed(1))
+    tokens, log_probs = sample_tokens(logits, temperature=2.0, top_p=1.0, uniform=uniform)
+    scaled = torch.log_softmax(torch.log(torch.tensor([0.2, 0.8])) / 2.0, -1)
+    assert (tokens == 1).float().mean().item() == pytest.approx(scaled[1].exp().item(), abs=0.015)
+    torch.testing.assert_close(log_probs, scaled[tokens])
+
+
+def test_inverse_cdf_sampling_never_draws_a_token_of_probability_zero():
+    logits = torch.tensor([[float("-inf"), 0.0, float("-inf"), 1.0, float("-inf")]]).expand(5, 5)
+    uniform = torch.tensor([0.0, 0.2, 0.5, 0.9, 1.0 - 2**-24])
+    tokens, log_probs = sample_tokens(logits, temperature=1.0, top_p=1.0, uniform=uniform)
+    assert set(tokens.tolist()) <= {1, 3} and tokens[0] == 1 and tokens[-1] == 3
+    assert torch.isfinite(log_probs).all()
 
 
 # --- EOS and padding ---------------------------------------------------------------------------

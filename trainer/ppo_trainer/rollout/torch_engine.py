@@ -3,16 +3,16 @@
 It owns its decode loop and its attention (`StaticKVDecoder`). The key/value cache is allocated
 once per call for prompt + max_new_tokens positions, the prompts are prefilled in one pass, and
 every decoding step has fixed shapes (one token per row; keys masked by a validity map that the
-step itself extends), so on a CUDA device the step is captured once per call and replayed as a
-CUDA graph: one launch per step instead of hundreds. The forward reuses the Hugging Face modules'
-weights (projections, norms, MLP, rotary embedding), so weight updates in place reach the graph.
-Sampling is temperature and top-p with a per-call seeded generator, batched without host
-synchronisation (exponential-race sampling instead of multinomial); the host asks whether every
-row has finished only every FINISH_CHECK_EVERY steps. Reported log-probs are those of the sampled
-tokens under the temperature-scaled logits, before top-p filtering: log_softmax(logits /
-temperature); with temperature 0 (greedy) under the unscaled logits. A trainer recomputes the
-same numbers with TorchBackend(logits_temperature=temperature). Must not depend on Ray or the
-PPO loop.
+step itself extends). The step and the sampling that follows it advance their own state on the
+device (cache slot, positions, output column, finished rows), so on a CUDA device the whole
+step, sampling included, is captured once per call and replayed as one CUDA graph. The forward
+reuses the Hugging Face modules' weights (projections, norms, MLP, rotary embedding), so weight
+updates in place reach the graph. Sampling is temperature and top-p by inverse CDF over uniforms
+drawn up front from a per-call seeded generator; the host asks whether every row has finished
+only every FINISH_CHECK_EVERY steps. Reported log-probs are those of the sampled tokens under the
+temperature-scaled float32 logits, before top-p filtering: log_softmax(logits / temperature);
+with temperature 0 (greedy) under the unscaled logits. A trainer recomputes the same numbers
+with TorchBackend(logits_temperature=temperature). Must not depend on Ray or the PPO loop.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import time
 from collections.abc import Callable, Iterable
 
 import torch
+import torch.nn.functional as F
 
-from ppo_trainer.algorithms import log_probs_from_logits
 from ppo_trainer.models.builtin import build_policy
 from ppo_trainer.models.residency import HostMirror
 from ppo_trainer.models.tokenizer import load_tokenizer
@@ -46,38 +46,50 @@ def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 def sample_tokens(
-    logits: torch.Tensor, *, temperature: float, top_p: float, generator: torch.Generator
+    logits: torch.Tensor, *, temperature: float, top_p: float, uniform: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """[B, V] float logits -> ([B] sampled tokens, [B] their log-probs under logits / temperature).
+    """[B, V] logits (any float dtype) and [B] uniforms in [0, 1) -> ([B] sampled tokens, [B]
+    their log-probs under float32 logits / temperature).
 
-    Temperature 0 is greedy (argmax), its log-probs under the unscaled logits.
+    Inverse-CDF sampling: the first token whose cumulative (unnormalised) weight exceeds
+    uniform * total, so the randomness is an input and the whole draw is fixed-shape device work
+    (safe inside a CUDA graph). Temperature 0 is greedy (argmax), its log-probs under the
+    unscaled logits. Top-p filtering (sorting the vocabulary) runs only when top_p < 1.
     """
-    scaled = logits if temperature == 0 else logits / temperature
+    scaled = logits.float()
+    if temperature not in (0.0, 1.0):
+        scaled = scaled / temperature
     if temperature == 0:
         tokens = scaled.argmax(dim=-1)
-    else:
-        candidates = top_p_filter(scaled, top_p) if top_p < 1.0 else scaled
-        probs = candidates.softmax(dim=-1)
-        # argmax(p / E) with E ~ Exp(1) draws from p, with no host round trip.
-        race = torch.empty_like(probs).exponential_(generator=generator)
-        tokens = (probs / race).argmax(dim=-1)
-    return tokens, log_probs_from_logits(scaled.unsqueeze(1), tokens.unsqueeze(1)).squeeze(1)
+        return tokens, scaled.gather(-1, tokens[:, None]).squeeze(1) - scaled.logsumexp(dim=-1)
+    candidates = top_p_filter(scaled, top_p) if top_p < 1.0 else scaled
+    peak = candidates.amax(dim=-1, keepdim=True)
+    cumulative = (candidates - peak).exp_().cumsum_(dim=-1)
+    total = cumulative[:, -1:]
+    tokens = torch.searchsorted(cumulative, uniform[:, None].to(total.dtype) * total, right=True)
+    tokens = tokens.squeeze(1).clamp_(max=logits.shape[-1] - 1)
+    picked = scaled.gather(-1, tokens[:, None]).squeeze(1)
+    if top_p < 1.0:
+        return tokens, picked - scaled.logsumexp(dim=-1)
+    return tokens, picked - peak.squeeze(1) - total.squeeze(1).log()
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding (the Llama convention: halves rotated), cos/sin broadcast to x."""
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+def rms_norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The Llama/Qwen2 RMSNorm (normalise in float32, round to the input dtype, scale) in fewer kernels."""
+    normed = F.rms_norm(x.float(), (x.shape[-1],), eps=norm.variance_epsilon)
+    return norm.weight * normed.to(x.dtype)
 
 
 class StaticKVDecoder:
     """A Llama/Qwen2 forward over a preallocated KV cache for `batch` rows and `capacity` positions.
 
     `prefill` runs the left-padded prompts (columns 0..P-1 of the cache); `step` runs one token
-    per row into the cache column `slot`. Attention is computed per key/value head with its
-    group of query heads stacked ([B, kv, group * q_len, D] x [B, kv, D, L]), so grouped-query
-    keys are never repeated. Masked scores get the dtype's lowest value rather than -inf, so a
-    padding query (which sees no key) yields finite garbage instead of NaNs that would spread.
+    per row into the cache column `slot`. Attention is one fused `scaled_dot_product_attention`
+    per layer, per key/value head with its group of query heads stacked ([B, kv, group * q_len,
+    D] against [B, kv, L, D]), so grouped-query keys are never repeated; the validity of keys is
+    an additive bias built once per pass. Masked keys get the dtype's lowest value rather than
+    -inf, so a padding query (which sees no key) yields finite garbage instead of NaNs. Rotary
+    embedding is x * cos + roll(x) * signed sin, with cos and sin computed once per pass.
     """
 
     def __init__(self, model: torch.nn.Module, *, batch: int, capacity: int):
@@ -103,7 +115,7 @@ class StaticKVDecoder:
         self.valid = torch.zeros((batch, capacity), dtype=torch.bool, device=weight.device)
 
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """[B, P] prompts -> [B, V] float32 logits of the next token; fills cache columns 0..P-1."""
+        """[B, P] prompts -> [B, V] logits (the model's dtype) of the next token; fills cache columns 0..P-1."""
         width = ids.shape[1]
         self.valid[:, :width] = mask.bool()
         causal = torch.ones((width, width), dtype=torch.bool, device=ids.device).tril()
@@ -118,7 +130,7 @@ class StaticKVDecoder:
 
     def step(self, token: torch.Tensor, position: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
         """[B] tokens at [B] positions, written to cache column `slot` ([1] int64, on the device)
-        -> [B, V] float32 logits. Fixed shapes and no host reads: safe to capture in a graph."""
+        -> [B, V] logits. Fixed shapes and no host reads: safe to capture in a graph."""
         self.valid.index_fill_(1, slot, True)
         allowed = self.valid[:, None, :]  # [B, 1 query, capacity]
 
@@ -133,33 +145,34 @@ class StaticKVDecoder:
         inner = self.model.model
         x = inner.embed_tokens(ids)
         cos, sin = inner.rotary_emb(x, positions)  # [B, S, D]
+        half = self.head_dim // 2
+        sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
         batch, length = ids.shape
-        q_cos, q_sin = cos[:, None, None], sin[:, None, None]
+        q_cos, q_sin = cos[:, None, :, None], sin[:, None, :, None]  # against [B, kv, S, group, D]
         k_cos, k_sin = cos[:, None], sin[:, None]
-        # [B, query, key] -> [B, 1, group * query, key], matching the stacked query heads.
-        allowed = allowed[:, None, None].expand(-1, 1, self.group, -1, -1).flatten(2, 3)
+        # [B, query, key] -> an additive bias [B, 1, group * query, key] matching the stacked query heads.
+        allowed = allowed[:, None, :, None].expand(-1, 1, -1, self.group, -1).flatten(2, 3)
+        bias = torch.zeros(allowed.shape, dtype=x.dtype, device=x.device)
+        bias.masked_fill_(~allowed, torch.finfo(x.dtype).min)
         for index, layer in enumerate(self.layers):
             attention = layer.self_attn
-            h = layer.input_layernorm(x)
-            q = attention.q_proj(h).view(batch, length, self.kv_heads, self.group, self.head_dim)
-            q = rotate(q.permute(0, 2, 3, 1, 4), q_cos, q_sin).flatten(2, 3)  # [B, kv, group * S, D]
+            h = rms_norm(layer.input_layernorm, x)
+            q = attention.q_proj(h).view(batch, length, self.kv_heads, self.group, self.head_dim).transpose(1, 2)
+            q = torch.addcmul(q * q_cos, q.roll(half, dims=-1), q_sin).flatten(2, 3)  # [B, kv, S * group, D]
             k = attention.k_proj(h).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
             v = attention.v_proj(h).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
-            keys, values = write(index, rotate(k, k_cos, k_sin), v)
-            scores = (torch.matmul(q, keys.transpose(2, 3)) * self.scaling).float()
-            scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-            out = torch.matmul(scores.softmax(dim=-1).to(values.dtype), values)  # [B, kv, group * S, D]
-            out = out.view(batch, self.kv_heads, self.group, length, self.head_dim).permute(0, 3, 1, 2, 4)
-            x = x + attention.o_proj(out.reshape(batch, length, -1))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return self.model.lm_head(inner.norm(x[:, -1])).float()
+            keys, values = write(index, torch.addcmul(k * k_cos, k.roll(half, dims=-1), k_sin), v)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, scale=self.scaling)
+            x = x + attention.o_proj(out.view(batch, self.kv_heads, length, -1).transpose(1, 2).reshape(batch, length, -1))
+            x = x + layer.mlp(rms_norm(layer.post_attention_layernorm, x))
+        return self.model.lm_head(rms_norm(inner.norm, x[:, -1]))
 
 
-def capture_step(step: Callable[[], torch.Tensor]) -> tuple[Callable[[], None], torch.Tensor]:
-    """Capture `step` in a CUDA graph: (replay, the static output it refreshes on every replay).
+def capture_step(step: Callable[[], None]) -> Callable[[], None]:
+    """Run `step` once eagerly (on a side stream: it initialises the libraries' workspaces and
+    counts as a real step), then capture it in a CUDA graph and return the graph's replay.
 
-    One eager warm-up run on a side stream precedes the capture (it initialises the libraries'
-    workspaces); its writes are those of the first replay, which repeats them.
+    `step` must read and write only fixed buffers and advance its own state on the device.
     """
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -168,8 +181,8 @@ def capture_step(step: Callable[[], torch.Tensor]) -> tuple[Callable[[], None], 
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        output = step()
-    return graph.replay, output
+        step()
+    return graph.replay
 
 
 class TorchRolloutEngine:
@@ -232,46 +245,50 @@ class TorchRolloutEngine:
 
     def _decode(self, ids: torch.Tensor, mask: torch.Tensor, params: SamplingParams) -> Generation:
         (batch, width), steps = ids.shape, params.max_new_tokens
-        clock = _Clock(self.device)
-        generator = torch.Generator(device=self.device).manual_seed(params.seed)
-        tokens = torch.full((batch, steps), self.pad_token_id, dtype=torch.long, device=self.device)
-        log_probs = torch.zeros((batch, steps), dtype=torch.float32, device=self.device)
-        alive = torch.zeros((batch, steps), dtype=torch.float32, device=self.device)
-        finished = torch.zeros(batch, dtype=torch.bool, device=self.device)
+        device = self.device
+        clock = _Clock(device)
+        generator = torch.Generator(device=device).manual_seed(params.seed)
+        uniforms = torch.rand((steps, batch), generator=generator, device=device)
+        tokens = torch.full((batch, steps), self.pad_token_id, dtype=torch.long, device=device)
+        log_probs = torch.zeros((batch, steps), dtype=torch.float32, device=device)
+        alive = torch.zeros((batch, steps), dtype=torch.float32, device=device)
+        finished = torch.zeros(batch, dtype=torch.bool, device=device)
         decoder = StaticKVDecoder(self.model, batch=batch, capacity=width + steps)
         positions = position_ids(mask)
-        logits = decoder.prefill(ids, mask, positions)
-        # The step's inputs live in fixed buffers that the loop refreshes before each run.
-        token_in = torch.zeros(batch, dtype=torch.long, device=self.device)
-        position_in = positions[:, -1] + 1
-        slot = torch.full((1,), width, dtype=torch.long, device=self.device)
-        timing = {"prefill_seconds": clock.lap()}
-        if self.cuda_graphs and steps > 1:
-            run, step_logits = capture_step(lambda: decoder.step(token_in, position_in, slot))
-        else:
-            step_logits = None
+        # The step's state lives in fixed buffers that the step itself advances (graph-safe).
+        token = torch.zeros(batch, dtype=torch.long, device=device)
+        position = positions[:, -1] + 1
+        slot = torch.full((1,), width, dtype=torch.long, device=device)
+        column = torch.zeros(1, dtype=torch.long, device=device)
 
-            def run() -> None:
-                nonlocal step_logits
-                step_logits = decoder.step(token_in, position_in, slot)
+        def record(logits: torch.Tensor) -> None:
+            """Sample from `logits` into output column `column`; rows already finished get padding."""
+            uniform = uniforms.index_select(0, column)[0]
+            drawn, log_prob = sample_tokens(logits, temperature=params.temperature, top_p=params.top_p, uniform=uniform)
+            drawn = drawn.masked_fill(finished, self.pad_token_id)
+            tokens.index_copy_(1, column, drawn[:, None])
+            log_probs.index_copy_(1, column, log_prob.masked_fill(finished, 0.0)[:, None])
+            alive.index_copy_(1, column, (~finished).float()[:, None])
+            finished.logical_or_(drawn == self.eos_token_id)
+            token.copy_(drawn)
 
-        timing["capture_seconds"] = clock.lap()
-        for step in range(steps):
-            token, log_prob = sample_tokens(
-                logits, temperature=params.temperature, top_p=params.top_p, generator=generator
-            )
-            token = token.masked_fill(finished, self.pad_token_id)
-            tokens[:, step] = token
-            log_probs[:, step] = log_prob.masked_fill(finished, 0.0)
-            alive[:, step] = (~finished).float()
-            finished = finished | (token == self.eos_token_id)
-            if step + 1 == steps or ((step + 1) % FINISH_CHECK_EVERY == 0 and bool(finished.all())):
-                break
-            token_in.copy_(token)
-            run()
-            logits = step_logits
-            position_in.add_(1)
+        def advance() -> None:
+            """One decoding step: the last sampled token into the cache, the next one sampled."""
+            logits = decoder.step(token, position, slot)
+            position.add_(1)
             slot.add_(1)
+            column.add_(1)
+            record(logits)
+
+        record(decoder.prefill(ids, mask, positions))
+        timing = {"prefill_seconds": clock.lap()}
+        graphs = self.cuda_graphs and steps > 2
+        run = capture_step(advance) if graphs else advance
+        timing["capture_seconds"] = clock.lap()
+        for step in range(2 if graphs else 1, steps):  # the capture's eager run was step 1
+            if step % FINISH_CHECK_EVERY == 0 and bool(finished.all()):
+                break
+            run()
         # Columns past the last one any row was alive in are padding for every row.
         length = int(alive.any(dim=0).nonzero().max()) + 1
         timing["decode_seconds"] = clock.lap()
