@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from ppo_trainer.algorithms import (
     KL_ESTIMATORS,
     entropy_from_logits,
@@ -524,3 +525,35 @@ def test_log_probs_from_logits_is_stable_for_huge_logits():
 def test_log_probs_from_logits_shape_mismatch_is_explained():
     with pytest.raises(ValueError, match=r"tokens have shape \(2, 3\); expected \(2, 4\)"):
         log_probs_from_logits(torch.zeros(2, 4, 5), torch.zeros(2, 3, dtype=torch.long))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_chunked_log_probs_and_entropy_match_the_full_logits_values_and_gradients(temperature):
+    from ppo_trainer.algorithms.ppo import chunked_log_probs_and_entropy
+
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(37, 16, generator=generator, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(50, 16, generator=generator, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(50, generator=generator, dtype=torch.float64, requires_grad=True)
+    tokens = torch.randint(0, 50, (37,), generator=generator)
+    a, b = torch.randn(37, generator=generator, dtype=torch.float64), torch.randn(37, generator=generator, dtype=torch.float64)
+
+    logits = (hidden @ weight.T + bias) / temperature
+    ref_lp = log_probs_from_logits(logits[None], tokens[None])[0]
+    ref_ent = entropy_from_logits(logits[None])[0]
+    ref_grads = torch.autograd.grad((ref_lp * a).sum() + (ref_ent * b).sum(), (hidden, weight, bias))
+
+    lp, ent = chunked_log_probs_and_entropy(hidden, weight, tokens, bias=bias, temperature=temperature, chunk_size=8)
+    torch.testing.assert_close(lp, ref_lp)
+    torch.testing.assert_close(ent, ref_ent)
+    grads = torch.autograd.grad((lp * a).sum() + (ent * b).sum(), (hidden, weight, bias))
+    for got, want in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(got, want)
+
+    with torch.no_grad():
+        lp_only, none = chunked_log_probs_and_entropy(hidden, weight, tokens, bias=bias, temperature=temperature,
+                                                      with_entropy=False, chunk_size=100)
+    assert none is None
+    torch.testing.assert_close(lp_only, ref_lp.detach())
+    with pytest.raises(ValueError, match="tokens"):
+        chunked_log_probs_and_entropy(hidden, weight, tokens[:3])

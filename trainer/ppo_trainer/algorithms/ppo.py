@@ -9,9 +9,11 @@ groups, devices chosen at run time, or configuration objects.
 from __future__ import annotations
 
 import torch
+import torch.utils.checkpoint
 from torch import Tensor
 
 __all__ = [
+    "chunked_log_probs_and_entropy",
     "entropy_from_logits",
     "log_probs_from_logits",
     "masked_mean",
@@ -189,3 +191,59 @@ def log_probs_from_logits(logits: Tensor, tokens: Tensor) -> Tensor:
     logits = _at_least_float32(logits)
     picked = torch.gather(logits, dim=-1, index=tokens.long().unsqueeze(-1)).squeeze(-1)
     return picked - torch.logsumexp(logits, dim=-1)
+
+
+def _head_chunk(
+    hidden: Tensor, weight: Tensor, bias: Tensor | None, tokens: Tensor, temperature: float, with_entropy: bool
+) -> tuple[Tensor, Tensor]:
+    logits = _at_least_float32(torch.nn.functional.linear(hidden, weight, bias))
+    if temperature != 1.0:
+        logits = logits / temperature
+    lse = torch.logsumexp(logits, dim=-1)
+    picked = torch.gather(logits, dim=-1, index=tokens.long().unsqueeze(-1)).squeeze(-1) - lse
+    if not with_entropy:
+        return picked, torch.zeros_like(picked)
+    expected = (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
+    return picked, lse - expected
+
+
+def chunked_log_probs_and_entropy(
+    hidden: Tensor,
+    weight: Tensor,
+    tokens: Tensor,
+    *,
+    bias: Tensor | None = None,
+    temperature: float = 1.0,
+    with_entropy: bool = True,
+    chunk_size: int = 2048,
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probs of ``tokens`` and entropies under an output layer, never holding all the logits.
+
+    hidden ``[N, H]``, weight ``[V, H]`` (bias ``[V]``), tokens ``[N]`` -> (``[N]`` log-probs,
+    ``[N]`` entropies or None), in at least float32, for ``logits = (hidden @ weight.T + bias) / temperature``:
+    the same numbers as ``log_probs_from_logits`` and ``entropy_from_logits`` on those logits (the
+    logits of a finite linear layer: no ``-inf`` entries). Rows go ``chunk_size`` at a time; when
+    gradients are needed each chunk is checkpointed (its logits recomputed in the backward), so
+    at most one chunk's ``[chunk_size, V]`` logits exist at once.
+    """
+    if hidden.dim() != 2 or tokens.shape != hidden.shape[:1]:
+        raise ValueError(
+            f"hidden must be [N, H] and tokens [N]; got hidden {tuple(hidden.shape)}, tokens {tuple(tokens.shape)}"
+        )
+    if not temperature > 0 or chunk_size < 1:
+        raise ValueError(f"temperature must be > 0 and chunk_size >= 1; got {temperature} and {chunk_size}")
+    track = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
+    log_probs, entropies = [], []
+    for start in range(0, hidden.shape[0], chunk_size):
+        args = (hidden[start : start + chunk_size], weight, bias, tokens[start : start + chunk_size],
+                temperature, with_entropy)
+        if track:
+            picked, entropy = torch.utils.checkpoint.checkpoint(_head_chunk, *args, use_reentrant=False)
+        else:
+            picked, entropy = _head_chunk(*args)
+        log_probs.append(picked)
+        entropies.append(entropy)
+    if not log_probs:
+        empty = _at_least_float32(hidden.new_zeros(0))
+        return empty, (empty if with_entropy else None)
+    return torch.cat(log_probs), (torch.cat(entropies) if with_entropy else None)

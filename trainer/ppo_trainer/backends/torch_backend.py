@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ppo_trainer.algorithms import entropy_from_logits, log_probs_from_logits
+from ppo_trainer.algorithms.ppo import chunked_log_probs_and_entropy
 from ppo_trainer.backends.base import LossFn
 from ppo_trainer.batch import RolloutBatch
 from ppo_trainer.distributed import average_gradients
@@ -167,17 +167,21 @@ class TorchBackend:
             values = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions)
             outputs = {"values": values[:, -kept:].float()}
         else:
-            logits = self.model(
-                input_ids=input_ids,
-                attention_mask=attention,
-                position_ids=positions,
-                logits_to_keep=kept,
-                use_cache=False,
-            ).logits
-            logits = logits.float() / self.logits_temperature
-            outputs = {"log_probs": log_probs_from_logits(logits, targets)}
+            # Hidden states of the positions that predict real response tokens only; the output
+            # layer, log-softmax and entropy run over them in chunks (no [b, T, V] logits).
+            hidden = self.model.get_decoder()(
+                input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=False
+            ).last_hidden_state[:, -kept:]
+            real = response_mask[:, :kept].bool()
+            head = self.model.get_output_embeddings()
+            log_probs, entropy = chunked_log_probs_and_entropy(
+                hidden[real], head.weight, targets[real], bias=head.bias,
+                temperature=self.logits_temperature, with_entropy=with_entropy,
+            )
+            zeros = torch.zeros(real.shape, dtype=torch.float32, device=self.device)
+            outputs = {"log_probs": zeros.masked_scatter(real, log_probs)}
             if with_entropy:
-                outputs["entropy"] = entropy_from_logits(logits)
+                outputs["entropy"] = zeros.masked_scatter(real, entropy)
         mask = response_mask.bool()
         return {
             key: torch.where(mask, F.pad(value, (0, t - kept)), torch.zeros((), device=self.device))
