@@ -7,7 +7,9 @@ DistributedDataParallel (flat bf16 parameter and fp32 gradient buffers) and its 
 optimizer (fp32 main parameters, Adam moments). The critic is the same GPTModel with a
 [hidden -> 1] value head in place of the output layer. Rows are re-laid out for megatron: each
 row's real tokens (left-padded prompt, right-padded response) are moved to start at column 0,
-so plain causal attention needs no padding mask and RoPE positions count real tokens.
+so plain causal attention needs no padding mask and RoPE positions count real tokens. With
+tensor parallel 1, policy passes take the final hidden states and run the output layer,
+log-softmax and entropy only on positions of real response tokens, in chunks.
 
 Offload parks the parameter buffers, the fp32 main parameters and the Adam moments in pinned
 host buffers (allocated once, reused) and frees the device storage in place, so every view into
@@ -25,6 +27,7 @@ import os
 import socket
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -39,6 +42,7 @@ from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.module import Float16Module
 
 from ppo_trainer.algorithms import entropy_from_logits, log_probs_from_logits
+from ppo_trainer.algorithms.ppo import chunked_log_probs_and_entropy
 from ppo_trainer.backends.base import LossFn
 from ppo_trainer.backends.megatron import conversion
 from ppo_trainer.backends.megatron.config import gpt_model_kwargs, transformer_config_kwargs
@@ -105,6 +109,23 @@ def read_hf_state(directory: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+@contextmanager
+def _hidden_states_out(layer: torch.nn.Module) -> Iterator[dict]:
+    """While open, GPTModel's output layer passes the final hidden states through unchanged and
+    records the weight it would have used (the tied embedding or its own) in the yielded dict."""
+    used: dict = {}
+
+    def passthrough(hidden, weight=None, **_):
+        used["weight"] = weight if weight is not None else layer.weight
+        return hidden, None
+
+    layer.forward = passthrough
+    try:
+        yield used
+    finally:
+        del layer.forward
+
+
 class _Parking:
     """Pinned host copies of device tensors whose storage is freed in place and restored later."""
 
@@ -123,8 +144,11 @@ class _Parking:
         self.sizes[key] = tensor.untyped_storage().nbytes()
         tensor.untyped_storage().resize_(0)
 
-    def restore(self, key: object, tensor: torch.Tensor, *, keep: bool = True) -> None:
+    def allocate(self, key: object, tensor: torch.Tensor) -> None:
         tensor.untyped_storage().resize_(self.sizes[key])
+
+    def restore(self, key: object, tensor: torch.Tensor, *, keep: bool = True) -> None:
+        """Refill a tensor that `allocate` gave its storage back."""
         if keep:
             tensor.copy_(self.host[key], non_blocking=True)
             self.bytes += tensor.nbytes
@@ -202,8 +226,9 @@ class MegatronBackend:
         module = Float16Module(self.config, self.gpt) if self.half else self.gpt
         self.optimizer = None
         self.offloaded = False
-        self.last_transfer: dict = {"direction": None, "bytes": 0, "seconds": 0.0}
+        self.last_transfer: dict = {"direction": None, "bytes": 0, "seconds": 0.0, "sync_seconds": 0.0}
         self._parking = _Parking()
+        self._resident: list[tuple[object, torch.Tensor, bool]] = []
         if role == "ref":
             self.model = module.requires_grad_(False).eval()
             return
@@ -292,13 +317,28 @@ class MegatronBackend:
         ids = ids.to(self.device)
         positions = columns.expand(len(rows), -1).to(self.device)
         extra = {"fp32_output": False} if self.half else {}
-        output = self.model(input_ids=ids, position_ids=positions, attention_mask=None, **extra)
         at = ((prompt_lengths - 1)[:, None] + torch.arange(kept)[None, :]).to(self.device)  # [b, kept]
+        targets = batch.tokens[rows, p : p + kept].to(self.device)
         if self.is_value_model:
+            output = self.model(input_ids=ids, position_ids=positions, attention_mask=None, **extra)
             outputs = {"values": output.squeeze(-1).gather(1, at).float()}
+        elif self.tp_size == 1:
+            # The output layer, log-softmax and entropy only on positions of real response tokens.
+            with _hidden_states_out(self.gpt.output_layer) as head:
+                hidden = self.model(input_ids=ids, position_ids=positions, attention_mask=None, **extra)
+            hidden = hidden.gather(1, at[:, :, None].expand(-1, -1, hidden.shape[-1]))
+            real = batch.response_mask[rows, :kept].to(self.device).bool()
+            log_probs, entropy = chunked_log_probs_and_entropy(
+                hidden[real], head["weight"], targets[real], temperature=self.logits_temperature,
+                with_entropy=with_entropy,
+            )
+            zeros = torch.zeros(real.shape, dtype=torch.float32, device=self.device)
+            outputs = {"log_probs": zeros.masked_scatter(real, log_probs)}
+            if with_entropy:
+                outputs["entropy"] = zeros.masked_scatter(real, entropy)
         else:
+            output = self.model(input_ids=ids, position_ids=positions, attention_mask=None, **extra)
             logits = output.gather(1, at[:, :, None].expand(-1, -1, output.shape[-1])).float() / self.logits_temperature
-            targets = batch.tokens[rows, p : p + kept].to(self.device)
             outputs = {"log_probs": log_probs_from_logits(logits, targets)}
             if with_entropy:
                 outputs["entropy"] = entropy_from_logits(logits)
@@ -321,25 +361,46 @@ class MegatronBackend:
             self.offloaded = False
 
     def _transfer(self, direction: str) -> None:
+        """The copies are timed by device events ("seconds"); the rest of the call (allocating
+        and freeing device memory, waiting, emptying the cache) is "sync_seconds"."""
         parking, started = self._parking, time.perf_counter()
-        move = parking.park if direction == "offload" else parking.restore
         parking.bytes = 0
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         with torch.no_grad():
-            if self.optimizer is None:
-                for index, param in enumerate(self.model.parameters()):
-                    move(("param", index), param.data)
+            if direction == "offload":
+                # Listed while the buffers are on the device; onload reuses the same tensors.
+                self._resident = self._resident_tensors()
+                begin.record()
+                for key, tensor, keep in self._resident:
+                    parking.park(key, tensor, keep=keep)
             else:
-                # Optimizer tensors that are views into the buffers (fp32 models) move with them.
-                tensors = list(self._optimizer_tensors()) if direction == "offload" else None
-                for index, buffer in enumerate(self.model.buffers):
-                    move(("param_buffer", index), buffer.param_data)
-                    move(("grad_buffer", index), buffer.grad_data, keep=False)
-                for index, tensor in enumerate(tensors if tensors is not None else self._optimizer_tensors()):
-                    move(("optimizer", index), tensor)
-        torch.cuda.synchronize(self.device)
+                for key, tensor, _ in self._resident:
+                    parking.allocate(key, tensor)
+                begin.record()
+                for key, tensor, keep in self._resident:
+                    parking.restore(key, tensor, keep=keep)
+            end.record()
+        end.synchronize()
         if direction == "offload":
             torch.cuda.empty_cache()
-        self.last_transfer = {"direction": direction, "bytes": parking.bytes, "seconds": time.perf_counter() - started}
+        copy_seconds = begin.elapsed_time(end) / 1e3
+        self.last_transfer = {
+            "direction": direction, "bytes": parking.bytes, "seconds": copy_seconds,
+            "sync_seconds": max(0.0, time.perf_counter() - started - copy_seconds),
+        }
+
+    def _resident_tensors(self) -> list[tuple[object, torch.Tensor, bool]]:
+        """(key, tensor, keep its values) for everything offload moves; gradient buffers are
+        freed without a copy, since `train` zeroes them before use."""
+        if self.optimizer is None:
+            return [(("param", index), param.data, True) for index, param in enumerate(self.model.parameters())]
+        # Optimizer tensors that are views into the buffers (fp32 models) move with them.
+        resident = []
+        for index, buffer in enumerate(self.model.buffers):
+            resident.append((("param_buffer", index), buffer.param_data, True))
+            resident.append((("grad_buffer", index), buffer.grad_data, False))
+        resident += [(("optimizer", index), tensor, True) for index, tensor in enumerate(self._optimizer_tensors())]
+        return resident
 
     def _optimizer_tensors(self) -> Iterator[torch.Tensor]:
         """The main parameters and optimizer state on the device that do not live in the DDP
