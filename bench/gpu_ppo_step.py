@@ -22,6 +22,7 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -348,7 +349,13 @@ def main() -> None:
             "actor": {"backend": kind, "microBatchSize": args.micro_batch_size, "learningRate": 1e-6},
             "rollout": {"batchSize": args.prompts, "maxNewTokens": args.max_new_tokens, "temperature": 1.0},
         })
-        run = run_backend(kind, spec, prompts, args.steps)
+        try:
+            run = run_backend(kind, spec, prompts, args.steps)
+        except Exception:  # one backend failing must not lose the other's figures; the trace says why
+            traceback.print_exc()
+            gc.collect()
+            torch.cuda.empty_cache()
+            continue
         runs.append(run)
         summaries.append(summarize(run, ceiling, pinned, handoff))
         (args.out / "bench.json").write_text(json.dumps(
