@@ -351,7 +351,7 @@ def main() -> None:
         })
         try:
             run = run_backend(kind, spec, prompts, args.steps)
-        except Exception:  # one backend failing must not lose the other's figures; the trace says why
+        except (RuntimeError, ValueError, TypeError, AttributeError, KeyError, IndexError, ImportError):  # keep the other's figures
             traceback.print_exc()
             gc.collect()
             torch.cuda.empty_cache()
