@@ -22,7 +22,7 @@ from pathlib import Path
 
 import kopf
 
-from ppo_operator import handlers
+from ppo_operator import handlers, metrics
 from ppo_operator.builders.common import BuildOptions
 from ppo_operator.decisions import Policy
 from ppo_operator.gang import backend_for
@@ -53,6 +53,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--peering", metavar="NAME", help="kopf peering name (several replicas, one active); default standalone")
     p.add_argument("--priority", type=int, default=0, help="kopf peering priority of this replica")
     p.add_argument("--api-workers", type=int, default=16, help="threads for API writes")
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics of the operator's API requests on this port")
     p.add_argument("--stats-file", type=Path, help="write the operator's API request counts (JSON) here on exit and on SIGUSR1")
     p.add_argument("--debug-pause-after-pod-group", type=float, default=0.0, help=argparse.SUPPRESS)
     p.add_argument("--verbose", "-v", action="store_true")
@@ -93,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     registry = kopf.OperatorRegistry()
     handlers.register(registry, pod_group_resources=resources)
     runtime = handlers.Runtime(reconciler=reconciler, launcher=launcher, pod_group_resources=resources)
+    if args.metrics_port:
+        metrics.serve(args.metrics_port, kube.counts)
     if args.stats_file and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGUSR1, lambda *_: write_stats(args.stats_file, kube))
     try:

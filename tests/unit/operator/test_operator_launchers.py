@@ -124,3 +124,4 @@ def test_ray_jobs_launcher_submits_once_and_reads_the_state():
         assert (await unreachable.observe(job, 0)).state == TrainerState.UNKNOWN
 
     asyncio.run(scenario())
+
