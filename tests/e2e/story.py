@@ -80,12 +80,15 @@ class Story:
 
     def install_chart(self) -> None:
         self.adopt_existing_crds()
-        self.say(f"helm install {RELEASE} charts/ppojob-operator (trainerLauncher=local, one replica)")
+        if not self.kubectl("get", "namespace", JOB_NAMESPACE, "--ignore-not-found", "-o", "name").strip():
+            self.kubectl("create", "namespace", JOB_NAMESPACE)
+        self.say(f"helm install {RELEASE} charts/ppojob-operator (watching namespace {JOB_NAMESPACE}, "
+                 "trainerLauncher=local, one replica)")
         self.snapshots["helm-install"] = self.cluster.helm(
             "install", RELEASE, str(CHART), "--namespace", OPERATOR_NAMESPACE, "--create-namespace",
-            "--set", "trainerLauncher=local", "--set", "replicas=1", "--wait", "--timeout", "120s",
+            "--set", f"watchNamespaces={{{JOB_NAMESPACE}}}", "--set", "trainerLauncher=local",
+            "--set", "replicas=1", "--wait", "--timeout", "120s",
         ).stdout
-        self.kubectl("create", "namespace", JOB_NAMESPACE)
 
     def start_operator(self) -> None:
         token = self.cluster.create_token(OPERATOR_SA, OPERATOR_NAMESPACE, duration="4h")
@@ -101,7 +104,7 @@ class Story:
         env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PATH": f"{self.cluster.bin_dir}:{os.environ['PATH']}"}
         with open(self.work_dir / "operator.log", "ab") as log:  # the child keeps its own copy
             self._operator = subprocess.Popen(
-                [str(Path(sys.executable).parent / "ppo-operator"), "--launcher", "local",
+                [str(Path(sys.executable).parent / "ppo-operator"), "--launcher", "local", "--namespace", JOB_NAMESPACE,
                  "--peering", OPERATOR_SA, "--priority", "100", "--gang-schedulers", "Coscheduling",
                  "--state-dir", str(self.work_dir / "operator-state"),
                  "--stats-file", str(self.work_dir / "operator-api-calls.json")],
@@ -208,10 +211,9 @@ class Story:
     def uninstall(self) -> dict[str, list[str]]:
         self.say(f"helm uninstall {RELEASE}")
         self.cluster.helm("uninstall", RELEASE, "--namespace", OPERATOR_NAMESPACE, "--wait", "--timeout", "120s")
-        self.kubectl("delete", "namespace", JOB_NAMESPACE, "--wait=false", check=False)
         left = {}
-        for kind in ("deployments", "serviceaccounts", "clusterroles", "clusterrolebindings", "crds",
-                     "clusterkopfpeerings.kopf.dev"):
+        for kind in ("deployments", "serviceaccounts", "roles", "rolebindings", "clusterroles",
+                     "clusterrolebindings", "crds"):
             names = self.kubectl("get", kind, "-A", "-l", f"app.kubernetes.io/instance={RELEASE}", "-o", "name",
                                  check=False).split()
             if names:
@@ -221,6 +223,7 @@ class Story:
         if left_crds:
             left["crds"] = left_crds
         self.say("helm uninstall left nothing behind" if not left else f"left behind: {left}")
+        self.kubectl("delete", "namespace", JOB_NAMESPACE, "--wait=false", check=False)
         return left
 
     def run(self, *, clean_up: bool = True) -> dict:
