@@ -163,7 +163,7 @@ class StaticKVDecoder:
             v = attention.v_proj(h).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
             keys, values = write(index, torch.addcmul(k * k_cos, k.roll(half, dims=-1), k_sin), v)
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, scale=self.scaling)
-            x = x + attention.o_proj(out.view(batch, self.kv_heads, length, -1).transpose(1, 2).reshape(batch, length, -1))
+            x = x + attention.o_proj(out.reshape(batch, self.kv_heads, length, -1).transpose(1, 2).reshape(batch, length, -1))
             x = x + layer.mlp(rms_norm(layer.post_attention_layernorm, x))
         return self.model.lm_head(rms_norm(inner.norm, x[:, -1]))
 
