@@ -129,12 +129,13 @@ class Recorder:
         inner = getattr(obj, method)
 
         def timed(*args, **kwargs):
+            before = getattr(transfer_of, "last_transfer", None)
             sync()
             started = time.perf_counter()
             result = inner(*args, **kwargs)
             sync()
             record = {"stage": stage, "seconds": time.perf_counter() - started}
-            if transfer_of is not None:
+            if transfer_of is not None and transfer_of.last_transfer is not before:  # a no-op moved nothing
                 record["bytes"] = transfer_of.last_transfer["bytes"]
                 record["copy_seconds"] = transfer_of.last_transfer["seconds"]
             self.records.append(record)
@@ -259,8 +260,8 @@ def summarize(run: dict, ceiling_tflops: float, pinned: dict, handoff: dict | No
         if "flops" in measured[0]["stages"][name]:
             entry["mfu"] = mean([s["stages"][name]["flops"] for s in measured]) / seconds / (ceiling_tflops * 1e12)
         if "bytes" in measured[0]["stages"][name]:
-            size = mean([s["stages"][name]["bytes"] for s in measured])
-            copy = mean([s["stages"][name]["copy_seconds"] for s in measured])
+            size = mean([s["stages"][name].get("bytes", 0) for s in measured])
+            copy = mean([s["stages"][name].get("copy_seconds", 0.0) for s in measured])
             way = "to_host" if ("offload" in name or "sleep" in name) else "to_device"
             entry["copy_seconds"] = copy
             entry["whole_call_gb_per_s"] = size / seconds / 1e9
