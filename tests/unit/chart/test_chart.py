@@ -36,6 +36,8 @@ def test_default_render_has_every_object_labelled(render):
             "CustomResourceDefinition",
             "ServiceAccount",
             "ClusterRole",
+            "ClusterRole",
+            "ClusterRoleBinding",
             "ClusterRoleBinding",
             "ClusterKopfPeering",
             "Deployment",
@@ -89,15 +91,16 @@ def rules_of(role: dict) -> dict[tuple[str, str], set[str]]:
 
 
 def test_rbac_is_least_privilege(render):
-    (role,) = by_kind(render(), "ClusterRole")
+    role, discovery = by_kind(render(), "ClusterRole")
+    assert rules_of(discovery) == {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}
     rules = rules_of(role)
     assert "*" not in {v for verbs in rules.values() for v in verbs}
     assert rules[("", "pods")] == {"get", "list", "watch"}, "the operator never writes pods"
-    assert ("", "secrets") not in rules
+    assert rules[("", "secrets")] == {"get"}, "only existence checks of referenced secrets"
     assert rules[("ppojob.io", "ppojobs/status")] == {"get", "patch", "update"}
     assert rules[("scheduling.x-k8s.io", "podgroups")] >= {"create", "delete"}
     assert ("scheduling.volcano.sh", "podgroups") not in rules, "only the configured gang schedulers"
-    (binding,) = by_kind(render(), "ClusterRoleBinding")
+    binding, _ = by_kind(render(), "ClusterRoleBinding")
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "ppojob-ppojob-operator", "namespace": "ppojob-system"}
     ]
@@ -105,7 +108,8 @@ def test_rbac_is_least_privilege(render):
 
 def test_watch_namespaces_gives_namespaced_roles(render):
     objects = render("watchNamespaces={team-a,team-b}")
-    assert not by_kind(objects, "ClusterRole") and not by_kind(objects, "ClusterKopfPeering")
+    assert [r["metadata"]["name"] for r in by_kind(objects, "ClusterRole")] == ["ppojob-ppojob-operator-discovery"]
+    assert not by_kind(objects, "ClusterKopfPeering")
     assert sorted(r["metadata"]["namespace"] for r in by_kind(objects, "Role")) == ["team-a", "team-b"]
     assert sorted(p["metadata"]["namespace"] for p in by_kind(objects, "KopfPeering")) == ["team-a", "team-b"]
     (deployment,) = by_kind(objects, "Deployment")
@@ -123,7 +127,7 @@ def test_metrics_service_is_optional(render):
 
 
 def test_gang_scheduler_rbac_follows_values(render):
-    (role,) = by_kind(render("gangSchedulers={Volcano,Kueue}"), "ClusterRole")
+    role, _ = by_kind(render("gangSchedulers={Volcano,Kueue}"), "ClusterRole")
     rules = rules_of(role)
     assert ("scheduling.volcano.sh", "podgroups") in rules and ("kueue.x-k8s.io", "workloads") in rules
     assert ("scheduling.x-k8s.io", "podgroups") not in rules
