@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import logging
 import os
@@ -51,7 +52,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--head-memory", default=BuildOptions.head_memory)
     p.add_argument("--liveness", metavar="URL", help="kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
     p.add_argument("--peering", metavar="NAME", help="kopf peering name (several replicas, one active); default standalone")
-    p.add_argument("--priority", type=int, default=0, help="kopf peering priority of this replica")
+    p.add_argument("--priority", type=int, default=None,
+                   help="kopf peering priority of this replica (default: derived from $POD_NAME, so replicas differ)")
     p.add_argument("--api-workers", type=int, default=16, help="threads for API writes")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics of the operator's API requests on this port")
     p.add_argument("--stats-file", type=Path, help="write the operator's API request counts (JSON) here on exit and on SIGUSR1")
@@ -67,6 +69,15 @@ def build_policy(args: argparse.Namespace) -> tuple[Policy, list[GangScheduler]]
         scheduler, _, name = item.partition("=")
         names[GangScheduler(scheduler)] = name
     return Policy(heartbeat_timeout_s=args.heartbeat_timeout, scheduler_names=names, enabled=frozenset(enabled)), enabled
+
+
+def peering_priority(explicit: int | None, pod_name: str | None) -> int:
+    """kopf freezes every replica when two share a priority: give each pod its own, stable one."""
+    if explicit is not None:
+        return explicit
+    if not pod_name:
+        return 0
+    return 1 + int(hashlib.sha256(pod_name.encode()).hexdigest()[:8], 16) % 1_000_000
 
 
 def write_stats(path: Path | None, kube: Kube) -> None:
@@ -101,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         kopf.run(
             registry=registry, memo=kopf.Memo(runtime=runtime), standalone=args.peering is None,
-            peering_name=args.peering, priority=args.priority, liveness_endpoint=args.liveness,
+            peering_name=args.peering, priority=peering_priority(args.priority, os.environ.get("POD_NAME")), liveness_endpoint=args.liveness,
             namespaces=args.namespace, clusterwide=not args.namespace,
         )
     except asyncio.CancelledError:
