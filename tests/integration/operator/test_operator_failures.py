@@ -115,3 +115,14 @@ def test_a_missing_reference_fails_invalid_spec_and_valid_jobs_go_on(local_clust
     assert kget(local_cluster, "rayclusters", ns, selector="ppojob.io/job-name=broken") == []
     assert wait_phase(local_cluster, ns, "tiny", "Succeeded", timeout=120)
     assert operator.proc.poll() is None
+
+
+def test_a_trainer_that_dies_is_a_failure_not_running(local_cluster, k8s_namespace, start_operator):
+    ns = k8s_namespace
+    start_operator(STANDIN_EXIT_CODE="7")  # the stand-in walks its steps, then exits 7 without `finished`
+    apply(local_cluster, ns, tiny_manifest(ppo={"numRollouts": 3, "numCriticOnlySteps": 1}, runPolicy={"backoffLimit": 1}))
+    job = wait_phase(local_cluster, ns, "tiny", "Failed", timeout=120)
+    assert job["status"]["restarts"] == 1 and job["status"]["reason"] == "BackoffLimitExceeded"
+    assert job["status"]["message"].startswith("TrainerFailed: the trainer exited with code 7")
+    described = local_cluster.kubectl("describe", "ppojob", "tiny", "-n", ns).stdout
+    assert "Warning  TrainerFailed" in described and "Warning  BackoffLimitExceeded" in described
