@@ -3,9 +3,11 @@ be placed, lost pods with and without backoff left, a silent trainer, references
 
 from __future__ import annotations
 
+import copy
 import time
 
 import pytest
+import yaml
 from operator_itest import apply, condition, kget, tiny_manifest, wait_for, wait_phase
 
 pytestmark = [pytest.mark.cluster]
@@ -126,3 +128,27 @@ def test_a_trainer_that_dies_is_a_failure_not_running(local_cluster, k8s_namespa
     assert job["status"]["message"].startswith("TrainerFailed: the trainer exited with code 7")
     described = local_cluster.kubectl("describe", "ppojob", "tiny", "-n", ns).stdout
     assert "Warning  TrainerFailed" in described and "Warning  BackoffLimitExceeded" in described
+
+
+def test_an_object_stored_before_a_schema_change_fails_invalid_spec(local_cluster, ppojob_crd, k8s_namespace, start_operator):
+    """Stored while the CRD had no CEL rules (an older schema), then read by today's operator."""
+    ns = k8s_namespace
+    crd = yaml.safe_load(ppojob_crd.read_text())
+    older = copy.deepcopy(crd)
+    del older["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["x-kubernetes-validations"]
+    try:
+        local_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=yaml.safe_dump(older))
+        wait_for("the older schema served", lambda: local_cluster.kubectl(
+            "apply", "-n", ns, "-f", "-", check=False,
+            input=yaml.safe_dump(tiny_manifest("old", ppo={"numRollouts": 2, "numCriticOnlySteps": 3}))).returncode == 0,
+            timeout=30, interval=0.5)
+    finally:
+        local_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ppojob_crd))
+    operator = start_operator()
+    apply(local_cluster, ns, tiny_manifest())
+    job = wait_phase(local_cluster, ns, "old", "Failed", timeout=60)
+    assert job["status"]["reason"] == "InvalidSpec"
+    assert job["status"]["message"].startswith("ppo.numCriticOnlySteps (3) must not exceed ppo.numRollouts (2)")
+    assert kget(local_cluster, "rayclusters", ns, selector="ppojob.io/job-name=old") == []
+    assert wait_phase(local_cluster, ns, "tiny", "Succeeded", timeout=120)
+    assert operator.proc.poll() is None
