@@ -30,11 +30,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from ppojob_api.spec import ModelSpec
 
 from ppo_trainer.rollout.base import SamplingParams
 from ppo_trainer.rollout.torch_engine import TorchRolloutEngine
-from ppo_trainer.rollout.weight_sync import close_weights_group, open_weights_group
+from ppo_trainer.rollout.weight_sync import close_weights_group, open_weights_group, receive_weights, torch_dtype
+from ppojob_api.spec import ModelSpec
 
 logger = logging.getLogger("ppo_trainer.rollout.http_server")
 
@@ -178,15 +178,13 @@ class BuiltinServer:
                 "message": f"Group {name} not in {list(self.groups)}. Please call `init_weights_update_group` first.",
             }
         try:
-            dtypes = [_dtype(d) for d in body["dtypes"]]
+            for dtype in body["dtypes"]:
+                torch_dtype(dtype)  # refuse a bad bucket before joining its broadcasts
         except TypeError as exc:
             return {"success": False, "message": str(exc)}
         with self.engine_lock:
-            received = []
-            for weight_name, dtype, shape in zip(body["names"], dtypes, body["shapes"]):
-                tensor = torch.empty(shape, dtype=dtype, device=self.engine.device)
-                dist.broadcast(tensor, group_src=0, group=group)
-                received.append((weight_name, tensor))
+            received = receive_weights(group, names=body["names"], dtypes=body["dtypes"], shapes=body["shapes"],
+                                       device=self.engine.device)
             try:
                 self.engine.update_weights(received)
             except ValueError as exc:
@@ -278,13 +276,6 @@ class BuiltinServer:
 
             result["text"] = load_tokenizer(_model_spec(self.args)).decode(ids)
         return result
-
-
-def _dtype(name: str) -> torch.dtype:
-    dtype = getattr(torch, str(name).removeprefix("torch."), None)
-    if not isinstance(dtype, torch.dtype):
-        raise TypeError(f"dtype {name!r} is not a torch dtype name (e.g. float32, bfloat16)")
-    return dtype
 
 
 ROUTES = {

@@ -112,13 +112,14 @@ def receive_weights(
     """The receiving end of one bucket: one broadcast from rank 0 per tensor, in the order named."""
     received = []
     for name, dtype, shape in zip(names, dtypes, shapes, strict=True):
-        tensor = torch.empty(shape, dtype=_dtype(dtype), device=device)
+        tensor = torch.empty(shape, dtype=torch_dtype(dtype), device=device)
         dist.broadcast(tensor, group_src=0, group=group)
         received.append((name, tensor))
     return received
 
 
-def _dtype(name: str) -> torch.dtype:
+def torch_dtype(name: str) -> torch.dtype:
+    """torch.float32 from 'float32' or 'torch.float32' (how dtypes travel in weight-update requests)."""
     dtype = getattr(torch, str(name).removeprefix("torch."), None)
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype {name!r} is not a torch dtype name (e.g. float32, bfloat16)")
