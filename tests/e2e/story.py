@@ -73,14 +73,25 @@ class Story:
     def adopt_existing_crds(self) -> None:
         """CRDs applied by hand (e.g. by other tests on a shared dev cluster) are handed to the release."""
         for crd in ("ppojobs.ppojob.io", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"):
-            if self.kubectl("get", "crd", crd, "--ignore-not-found", "-o", "name").strip():
+            deleting = self.kubectl("get", "crd", crd, "--ignore-not-found", "-o",
+                                    "jsonpath={.metadata.name}/{.metadata.deletionTimestamp}").strip()
+            if deleting.endswith("Z"):  # being deleted: wait until it is gone, then helm creates it
+                self.kubectl("wait", "--for=delete", f"crd/{crd}", "--timeout=120s")
+            elif deleting:
                 self.kubectl("label", "--overwrite", "crd", crd, "app.kubernetes.io/managed-by=Helm")
                 self.kubectl("annotate", "--overwrite", "crd", crd, f"meta.helm.sh/release-name={RELEASE}",
                              f"meta.helm.sh/release-namespace={OPERATOR_NAMESPACE}")
 
     def install_chart(self) -> None:
+        if self.cluster.helm("status", RELEASE, "-n", OPERATOR_NAMESPACE, check=False).returncode == 0:
+            self.say(f"an earlier release {RELEASE} is installed: uninstalling it first")
+            self.cluster.helm("uninstall", RELEASE, "-n", OPERATOR_NAMESPACE, "--wait", "--timeout", "120s")
         self.adopt_existing_crds()
-        if not self.kubectl("get", "namespace", JOB_NAMESPACE, "--ignore-not-found", "-o", "name").strip():
+        phase = self.kubectl("get", "namespace", JOB_NAMESPACE, "--ignore-not-found", "-o",
+                             "jsonpath={.status.phase}").strip()
+        if phase == "Terminating":  # left by an earlier run: wait until it is gone
+            self.kubectl("wait", "--for=delete", f"namespace/{JOB_NAMESPACE}", "--timeout=120s")
+        if phase != "Active":
             self.kubectl("create", "namespace", JOB_NAMESPACE)
         self.say(f"helm install {RELEASE} charts/ppojob-operator (watching namespace {JOB_NAMESPACE}, "
                  "trainerLauncher=local, one replica)")
@@ -107,6 +118,7 @@ class Story:
                 [str(Path(sys.executable).parent / "ppo-operator"), "--launcher", "local", "--namespace", JOB_NAMESPACE,
                  "--peering", OPERATOR_SA, "--priority", "100", "--gang-schedulers", "Coscheduling",
                  "--state-dir", str(self.work_dir / "operator-state"),
+                 "--trainer-command", str(Path(sys.executable).parent / "ppo-train"),
                  "--stats-file", str(self.work_dir / "operator-api-calls.json")],
                 env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )
@@ -190,7 +202,8 @@ class Story:
 
     def delete_job(self, timeout: float = 120) -> None:
         self.say(f"kubectl delete ppojob {self.job_name}")
-        self.kubectl("delete", "ppojob", self.job_name, "-n", JOB_NAMESPACE, "--timeout", f"{int(timeout)}s")
+        self.kubectl("delete", "ppojob", self.job_name, "-n", JOB_NAMESPACE, "--ignore-not-found",
+                     "--timeout", f"{int(timeout)}s")
         deadline = time.monotonic() + timeout
         while (left := self.children_left()) and time.monotonic() < deadline:
             time.sleep(1)
@@ -210,7 +223,8 @@ class Story:
 
     def uninstall(self) -> dict[str, list[str]]:
         self.say(f"helm uninstall {RELEASE}")
-        self.cluster.helm("uninstall", RELEASE, "--namespace", OPERATOR_NAMESPACE, "--wait", "--timeout", "120s")
+        self.cluster.helm("uninstall", RELEASE, "--namespace", OPERATOR_NAMESPACE, "--ignore-not-found", "--wait",
+                          "--timeout", "120s")
         left = {}
         for kind in ("deployments", "serviceaccounts", "roles", "rolebindings", "clusterroles",
                      "clusterrolebindings", "crds"):
@@ -227,6 +241,11 @@ class Story:
         return left
 
     def run(self, *, clean_up: bool = True) -> dict:
+        """Install, run the job to its end, capture; with clean_up, delete the job and uninstall.
+
+        Without clean_up the operator keeps running (its finalizer must be served for a later
+        delete); call `clean_up()` when done.
+        """
         self.work_dir.mkdir(parents=True, exist_ok=True)
         try:
             self.install_chart()
@@ -237,13 +256,24 @@ class Story:
             status = self.follow()
             self.capture()
             self.say(f"finished: {status['phase']} after {self.phases_seen}")
-            if clean_up:
-                self.delete_job()
+        except BaseException:
+            self.clean_up()
+            raise
+        if clean_up:
+            self.clean_up()
+        return status
+
+    def clean_up(self) -> dict[str, list[str]]:
+        """Delete the job (the operator still running), stop the operator, uninstall; what was left."""
+        left = {}
+        try:
+            self.delete_job()
+        except StoryError as exc:
+            left["job"] = [str(exc)]
         finally:
             self.stop_operator()
-        if clean_up:
-            self.uninstall()
-        return status
+        left.update(self.uninstall())
+        return left
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -255,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     story = Story(cluster=cluster, work_dir=args.work_dir)
     try:
         status = story.run(clean_up=not args.keep)
+        if args.keep:
+            print(f"The operator keeps serving (pid {story._operator.pid}; log {args.work_dir / 'operator.log'}).")
     except StoryError as exc:
         print(f"\nthe story stopped: {exc}", file=sys.stderr)
         return 1

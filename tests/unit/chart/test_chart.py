@@ -92,7 +92,10 @@ def rules_of(role: dict) -> dict[tuple[str, str], set[str]]:
 
 def test_rbac_is_least_privilege(render):
     role, discovery = by_kind(render(), "ClusterRole")
-    assert rules_of(discovery) == {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}
+    assert rules_of(discovery) == {
+        ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
+        ("", "namespaces"): {"list", "watch"},
+    }
     rules = rules_of(role)
     assert "*" not in {v for verbs in rules.values() for v in verbs}
     assert rules[("", "pods")] == {"get", "list", "watch"}, "the operator never writes pods"
