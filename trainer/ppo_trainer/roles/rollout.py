@@ -59,8 +59,6 @@ def build_engine(
         raise ValueError("builtin_server stands in for SGLang servers: it needs rollout.engine SGLang")
     if spec.rollout.engine == EngineKind.SGLANG:
         return _launch_sglang(spec, device=device, rank=rank, pad_token_id=pad_token_id, builtin=builtin_server)
-    if spec.rollout.engine != EngineKind.TORCH:
-        raise NotImplementedError(f"rollout.engine {spec.rollout.engine.value} is not available in this build")
     from ppo_trainer.rollout.torch_engine import TorchRolloutEngine
 
     engine = TorchRolloutEngine(model_spec=spec.model, device=device, seed=spec.seed, dtype=spec.model.dtype)
