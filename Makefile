@@ -8,13 +8,14 @@ STAMP := $(VENV)/.installed
 export PPOJOB_CACHE ?= $(HOME)/.cache/ppojob
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help venv test test-unit test-integration test-e2e run demo cluster-binaries cluster-up cluster-down cluster-env lint clean
+.PHONY: help venv test test-unit test-integration test-e2e run demo bench-scale cluster-binaries cluster-up cluster-down cluster-env lint clean
 
 help:
 	@echo "make demo          the whole story on the local cluster (helm install, kubectl apply, watch it train)"
 	@echo "make run           one PPO run on this machine's CPU (no cluster)"
 	@echo "make test          all tests: unit, integration (local cluster, Ray), end to end"
 	@echo "make cluster-up    start the local Kubernetes cluster and leave it running; cluster-down stops it"
+	@echo "make bench-scale   PPOJobs vs KubeRay RayJobs at scale on the local cluster (JOBS=10,100,500; docs/scale.md)"
 
 venv: $(STAMP)
 
@@ -45,6 +46,11 @@ run: venv
 
 demo: venv cluster-binaries
 	@PYTHONPATH=tests/e2e $(PY) -m story
+
+# Takes the cluster lock (/tmp/ppojob-cluster.lock) itself, one size at a time; writes runs/operator_scale/.
+JOBS ?= 10,100,500
+bench-scale: venv cluster-binaries
+	$(PY) bench/operator_scale.py --jobs $(JOBS)
 
 test: venv cluster-binaries
 	@start=$$(date +%s); \

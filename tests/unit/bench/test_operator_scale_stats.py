@@ -1,0 +1,66 @@
+"""The scale benchmark's arithmetic: percentiles, Prometheus parsing, idle subtraction, targets."""
+
+import operator_scale_stats as stats
+import pytest
+from operator_scale_standin import expected_phase, parse_registration, progress_at
+
+APISERVER = """\
+# HELP apiserver_request_total [STABLE] Counter of apiserver requests
+# TYPE apiserver_request_total counter
+apiserver_request_total{code="201",component="apiserver",dry_run="",group="ray.io",resource="rayclusters",scope="resource",subresource="",verb="POST",version="v1"} 10
+apiserver_request_total{code="409",component="apiserver",dry_run="",group="ray.io",resource="rayclusters",scope="resource",subresource="",verb="POST",version="v1"} 2
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="ppojob.io",resource="ppojobs",scope="resource",subresource="status",verb="PATCH",version="v1alpha1"} 7
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="coordination.k8s.io",resource="leases",scope="resource",subresource="",verb="PUT",version="v1"} 99
+apiserver_request_total{code="200",component="",dry_run="",group="",resource="",scope="",subresource="/healthz",verb="GET",version=""} 1
+apiserver_request_duration_seconds_count{verb="POST"} 5
+"""
+
+
+def test_percentile_interpolates_between_ranks():
+    assert stats.percentile([], 50) is None
+    assert stats.percentile([3.0], 99) == 3.0
+    assert stats.percentile([1, 2, 3, 4], 50) == 2.5
+    assert stats.percentile(range(101), 99) == pytest.approx(99.0)
+    assert stats.p50_p99([2, 1]) == {"p50": 1.5, "p99": pytest.approx(1.99), "n": 2}
+
+
+def test_apiserver_requests_sum_codes_and_join_subresources():
+    counts = stats.apiserver_requests(APISERVER)
+    assert counts == {"POST rayclusters": 12, "PATCH ppojobs/status": 7, "PUT leases": 99, "GET ": 1}
+    assert stats.is_background("PUT leases") and stats.is_background("GET ")
+    assert not stats.is_background("PATCH ppojobs/status")
+
+
+def test_controller_runtime_requests_by_method():
+    text = 'rest_client_requests_total{code="200",host="127.0.0.1:16443",method="GET"} 3\n' \
+           'rest_client_requests_total{code="201",host="127.0.0.1:16443",method="POST"} 2\n' \
+           'rest_client_requests_total{code="200",host="127.0.0.1:16443",method="GET"} 1\n'
+    assert stats.sum_by(stats.parse_samples(text, "rest_client_requests_total"), "method") == {"GET": 4, "POST": 2}
+
+
+def test_diff_keeps_what_grew_and_idle_rate_is_taken_off():
+    grown = stats.diff({"POST pods": 30, "GET pods": 5, "PUT leases": 40}, {"POST pods": 10, "GET pods": 5})
+    assert grown == {"POST pods": 20, "PUT leases": 40}
+    assert stats.minus_idle(grown, {"PUT leases": 2.0, "POST pods": 0.5}, 20) == {"POST pods": 10}
+    assert stats.by_verb({"POST pods": 2, "POST events": 3, "PATCH events": 1}) == {"PATCH": 1, "POST": 5}
+
+
+def test_table_has_ratios_and_targets_judge_the_largest_size():
+    ours = {"created_p99": 0.3, "requests_per_job": 50, "status_lag_p99": 1.0}
+    theirs = {"created_p99": 0.3, "requests_per_job": 100, "status_lag_p99": None}
+    table = stats.render_table({10: {"ppojob": ours, "rayjob": theirs}})
+    assert "0.50x" in table and "n/a" in table
+    slow = {"created_p99": 0.9, "requests_per_job": 150, "status_lag_p99": 3.0}
+    verdicts = stats.targets({10: {"ppojob": ours, "rayjob": theirs}, 500: {"ppojob": slow, "rayjob": theirs}})
+    assert [ok for _, ok, _ in verdicts] == [False, False, False]
+    assert [ok for _, ok, _ in stats.targets({10: {"ppojob": ours, "rayjob": theirs}})] == [True, True, True]
+
+
+def test_standin_reports_like_the_trainer_and_names_the_phase_it_expects():
+    registration = parse_registration("ns j0001 0 /tmp/state/ns/j0001-uid/a0\n")
+    assert (registration.namespace, registration.name, registration.attempt) == ("ns", "j0001", 0)
+    status = progress_at(1, steps=6, warmup=1, attempt=0).to_status()
+    assert status["steps"] == "1/6" and status["warmup"] == "1/1" and status["criticOnlyStepsDone"] == 1
+    assert progress_at(6, steps=6, warmup=1, attempt=0, finished=True).to_status()["finished"] is True
+    assert [expected_phase(s, warmup=1, finished=False) for s in (0, 1, 2)] == [None, "Training", None]
+    assert expected_phase(6, warmup=1, finished=True) == "Succeeded"
