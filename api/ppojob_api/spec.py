@@ -70,6 +70,8 @@ class ActorSpec(_Model):
     learning_rate: float = Field(1.0e-6, gt=0)
     micro_batch_size: int = Field(8, ge=1)
     max_grad_norm: float = Field(1.0, ge=0)
+    compile: bool = True
+    """On GPUs: torch.compile the output layer's softmax (both backends) and the Torch backend's trunk."""
     parallelism: Parallelism = Parallelism()
 
 

@@ -8,7 +8,8 @@ stay inside each backend's own module. One contract test runs against every back
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, Protocol
+from collections.abc import Callable, Iterator
+from typing import Protocol
 
 import torch
 

@@ -25,10 +25,11 @@ from ppo_trainer.batch import RolloutBatch
 from ppo_trainer.distributed import average_gradients
 from ppo_trainer.models.builtin import build_policy, build_value_model, resolve_dtype
 from ppo_trainer.models.residency import HostMirror
-from ppo_trainer.rollout.layout import position_ids
+from ppo_trainer.rollout.layout import aligned_rows
 from ppojob_api.spec import ModelSpec
 
 ROLES = ("actor", "critic", "ref")
+COMPILED_WIDTH_MULTIPLE = 64
 
 
 class TorchBackend:
@@ -37,6 +38,9 @@ class TorchBackend:
     `logits_temperature` divides the policy's logits before log-probs and entropy, so that they
     describe the same distribution the rollout engine sampled from (its `temperature`).
     `forward_micro_batch_size` bounds the rows of one no-grad pass in `forward`.
+    `compile` runs the transformer trunk and the output layer's log-softmax and entropy through
+    `torch.compile` (fused norms, rotary, activations and softmax); rows are then padded to widths
+    of a multiple of 64, so that few shapes compile.
     """
 
     def __init__(
@@ -52,6 +56,7 @@ class TorchBackend:
         weight_decay: float = 0.0,
         logits_temperature: float = 1.0,
         forward_micro_batch_size: int = 16,
+        compile: bool = False,
     ):
         if role not in ROLES:
             raise ValueError(f"role {role!r} is unknown; use one of {', '.join(ROLES)}")
@@ -78,6 +83,10 @@ class TorchBackend:
             )
         else:
             self.model = build_policy(model_spec, seed=seed, device=self.device, dtype=self.dtype)
+        self.compile = compile
+        self.width_multiple = COMPILED_WIDTH_MULTIPLE if compile else 1
+        if compile:
+            (self.model.trunk if self.is_value_model else self.model.get_decoder()).compile()
         self.optimizer: torch.optim.Optimizer | None = None
         if role == "ref":
             self.model.requires_grad_(False).eval()
@@ -150,41 +159,32 @@ class TorchBackend:
     ) -> dict[str, torch.Tensor]:
         """Model outputs for `rows`, [b, T], zero where the response mask is 0.
 
-        The input is cropped to the micro-batch: leading columns that are padding in every row,
-        and response columns past its longest response (whose outputs are padding anyway).
+        Rows go in aligned (`aligned_rows`): plain causal attention, no padding mask.
         """
-        p, t = batch.prompt_length, batch.response_length
-        attention = batch.attention_mask[rows]
-        response_mask = batch.response_mask[rows].to(self.device)
-        start = int(attention.any(dim=0).long().argmax())
-        kept = max(1, int(batch.response_mask[rows].sum(dim=1).max()))
-        # Logits at positions P-1 .. P+kept-2 predict response tokens 0 .. kept-1.
-        input_ids = batch.tokens[rows, start : p + kept - 1].to(self.device)
-        attention = attention[:, start : p + kept - 1].to(self.device)
-        targets = batch.tokens[rows, p : p + kept].to(self.device)
-        positions = position_ids(attention)
+        t = batch.response_length
+        aligned = aligned_rows(batch, rows, width_multiple=self.width_multiple)
+        input_ids = aligned.input_ids.to(self.device)
+        at = aligned.predict_at.to(self.device)
         if self.is_value_model:
-            values = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions)
-            outputs = {"values": values[:, -kept:].float()}
+            outputs = {"values": self.model(input_ids=input_ids).gather(1, at).float()}
         else:
             # Hidden states of the positions that predict real response tokens only; the output
             # layer, log-softmax and entropy run over them in chunks (no [b, T, V] logits).
-            hidden = self.model.get_decoder()(
-                input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=False
-            ).last_hidden_state[:, -kept:]
-            real = response_mask[:, :kept].bool()
+            hidden = self.model.get_decoder()(input_ids=input_ids, use_cache=False).last_hidden_state
+            hidden = hidden.gather(1, at[:, :, None].expand(-1, -1, hidden.shape[-1]))
+            real = aligned.real.to(self.device)
             head = self.model.get_output_embeddings()
             log_probs, entropy = chunked_log_probs_and_entropy(
-                hidden[real], head.weight, targets[real], bias=head.bias,
-                temperature=self.logits_temperature, with_entropy=with_entropy,
+                hidden[real], head.weight, aligned.targets.to(self.device)[real], bias=head.bias,
+                temperature=self.logits_temperature, with_entropy=with_entropy, compiled=self.compile,
             )
             zeros = torch.zeros(real.shape, dtype=torch.float32, device=self.device)
             outputs = {"log_probs": zeros.masked_scatter(real, log_probs)}
             if with_entropy:
                 outputs["entropy"] = zeros.masked_scatter(real, entropy)
-        mask = response_mask.bool()
+        mask = batch.response_mask[rows].to(self.device).bool()
         return {
-            key: torch.where(mask, F.pad(value, (0, t - kept)), torch.zeros((), device=self.device))
+            key: torch.where(mask, F.pad(value, (0, t - aligned.kept)), torch.zeros((), device=self.device))
             for key, value in outputs.items()
         }
 

@@ -40,6 +40,7 @@ def build_backend(spec: PPOJobSpec, *, role: str, device: str) -> TrainBackend:
         "dtype": spec.model.dtype,
         "logits_temperature": spec.rollout.temperature or 1.0,  # log-probs of the distribution sampled from
         "forward_micro_batch_size": spec.actor.micro_batch_size,
+        "compile": spec.actor.compile and device.startswith("cuda"),
     }
     if spec.actor.backend == BackendKind.MEGATRON:
         from ppo_trainer.backends.megatron.backend import MegatronBackend

@@ -2,13 +2,16 @@
 
 Prompts are left-padded to P so that every row's next token goes to the same column; position
 ids count real tokens only (from the attention mask), so padding never shifts a row's positions
-and a row's log-probs do not depend on how much it was padded. Depends on torch and the batch
-records only (no model, no engine).
+and a row's log-probs do not depend on how much it was padded. Training passes re-lay rows out
+(`aligned_rows`): each row's real tokens start at column 0, so plain causal attention needs no
+padding mask (and takes the fused attention kernels). Depends on torch and the batch records only
+(no model, no engine).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -72,4 +75,56 @@ def build_rollout_batch(
         scores=score_tensor,
         prompts=list(prompts) if prompts is not None else [],
         responses=list(responses) if responses is not None else [],
+    )
+
+
+@dataclass(frozen=True)
+class AlignedRows:
+    """Rows of a RolloutBatch re-laid out for a training pass, on CPU.
+
+    Row b holds its real prompt tokens, then its response, from column 0 on; columns past them
+    hold token 0, which causal attention never lets a real token see. Positions are the column
+    numbers. The output at column `predict_at[b, t]` (prompt length - 1 + t) predicts response
+    token t, and is the state the critic values before that token.
+    """
+
+    input_ids: torch.Tensor
+    """[b, W] int64."""
+    predict_at: torch.Tensor
+    """[b, kept] int64: the column whose output belongs to response token t."""
+    targets: torch.Tensor
+    """[b, kept] int64: the response tokens (padding where the response ended)."""
+    real: torch.Tensor
+    """[b, kept] bool: the response mask."""
+
+    @property
+    def kept(self) -> int:
+        return int(self.targets.shape[1])
+
+
+def aligned_rows(batch: RolloutBatch, rows: torch.Tensor, *, width_multiple: int = 1) -> AlignedRows:
+    """Rows `rows` of `batch`, each row's real tokens moved to start at column 0.
+
+    Responses are cut to the longest one among these rows (`kept` columns; at least 1); the last
+    response token is never an input. W is rounded up to a multiple of `width_multiple`, so that
+    compiled kernels see few distinct shapes.
+    """
+    if width_multiple < 1:
+        raise ValueError(f"width_multiple must be >= 1, got {width_multiple}")
+    p = batch.prompt_length
+    attention = batch.attention_mask[rows]
+    prompt_lengths = attention[:, :p].sum(dim=1)
+    response_lengths = attention[:, p:].sum(dim=1)
+    kept = max(1, int(response_lengths.max()))
+    width = int(prompt_lengths.max()) + kept - 1
+    width = -(-width // width_multiple) * width_multiple
+    columns = torch.arange(width)
+    source = ((p - prompt_lengths)[:, None] + columns[None, :]).clamp(max=batch.tokens.shape[1] - 1)
+    real_tokens = columns[None, :] < (prompt_lengths + response_lengths)[:, None]
+    input_ids = torch.where(real_tokens, batch.tokens[rows].gather(1, source), 0)
+    return AlignedRows(
+        input_ids=input_ids,
+        predict_at=(prompt_lengths - 1)[:, None] + torch.arange(kept)[None, :],
+        targets=batch.tokens[rows, p : p + kept],
+        real=batch.response_mask[rows, :kept].bool(),
     )

@@ -1,7 +1,7 @@
 """The megatron-core training backend: one rank's GPTModel, distributed optimizer and device residency.
 
 It implements `TrainBackend` with megatron-core's GPTModel (local layer spec: no Transformer
-Engine or Apex), built from a Hugging Face Llama/Qwen2 config and loaded from its checkpoint
+Engine or Apex; attention through torch's fused kernels, `attention.py`), built from a Hugging Face Llama/Qwen2 config and loaded from its checkpoint
 directory when there is one; bf16 wrapped in `Float16Module`; megatron's
 DistributedDataParallel (flat bf16 parameter and fp32 gradient buffers) and its distributed
 optimizer (fp32 main parameters, Adam moments). The critic is the same GPTModel with a
@@ -36,7 +36,6 @@ import torch.nn.functional as F
 from megatron.core import parallel_state, tensor_parallel
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 from megatron.core.models.gpt import GPTModel
-from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.module import Float16Module
@@ -45,9 +44,11 @@ from ppo_trainer.algorithms import entropy_from_logits, log_probs_from_logits
 from ppo_trainer.algorithms.ppo import chunked_log_probs_and_entropy
 from ppo_trainer.backends.base import LossFn
 from ppo_trainer.backends.megatron import conversion
+from ppo_trainer.backends.megatron.attention import layer_spec
 from ppo_trainer.backends.megatron.config import gpt_model_kwargs, transformer_config_kwargs
 from ppo_trainer.batch import RolloutBatch
 from ppo_trainer.models.builtin import resolve_dtype, resolve_model_dir, tiny_config
+from ppo_trainer.rollout.layout import aligned_rows
 from ppojob_api.spec import ModelSpec
 
 ROLES = ("actor", "critic", "ref")
@@ -160,7 +161,8 @@ class MegatronBackend:
     """One rank of an actor, critic or reference model on megatron-core. A "ref" backend has no optimizer.
 
     Same constructor arguments as TorchBackend, plus `tensor_parallel` and `pipeline_parallel`
-    (the spec's parallelism). `device` must be a CUDA device.
+    (the spec's parallelism). `device` must be a CUDA device. `compile` runs the output layer's
+    log-softmax and entropy through torch.compile (the trunk stays megatron's own).
     """
 
     def __init__(
@@ -178,6 +180,7 @@ class MegatronBackend:
         forward_micro_batch_size: int = 16,
         tensor_parallel: int = 1,
         pipeline_parallel: int = 1,
+        compile: bool = False,
     ):
         if role not in ROLES:
             raise ValueError(f"role {role!r} is unknown; use one of {', '.join(ROLES)}")
@@ -193,6 +196,7 @@ class MegatronBackend:
         self.half = self.dtype in (torch.bfloat16, torch.float16)
         self.logits_temperature = logits_temperature
         self.forward_micro_batch_size = forward_micro_batch_size
+        self.compile = compile
         ensure_parallel_state(tensor=tensor_parallel, pipeline=pipeline_parallel, seed=seed)
         self.device = torch.device("cuda", torch.cuda.current_device())
         self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
@@ -213,7 +217,7 @@ class MegatronBackend:
         torch.manual_seed(seed)
         self.gpt = GPTModel(
             config=self.config,
-            transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+            transformer_layer_spec=layer_spec(),
             pre_process=True,
             post_process=True,
             **gpt_model_kwargs(hf_config, value_head=self.is_value_model),
@@ -301,24 +305,16 @@ class MegatronBackend:
     def _outputs(self, batch: RolloutBatch, rows: torch.Tensor, *, with_entropy: bool) -> dict[str, torch.Tensor]:
         """Model outputs for `rows`, [b, T], zero where the response mask is 0.
 
-        Each row's real tokens are moved to start at column 0; response token t of a row with p
-        real prompt tokens is then predicted at column p - 1 + t.
+        Rows go in aligned (`aligned_rows`): plain causal attention, positions are the columns.
         """
-        p, t = batch.prompt_length, batch.response_length
-        attention = batch.attention_mask[rows]
-        prompt_lengths = attention[:, :p].sum(dim=1)
-        response_lengths = attention[:, p:].sum(dim=1)
-        kept = max(1, int(response_lengths.max()))
-        width = int((prompt_lengths + kept).max())
-        columns = torch.arange(width)
-        source = (p - prompt_lengths)[:, None] + columns[None, :]
-        real = columns[None, :] < (prompt_lengths + response_lengths)[:, None]
-        ids = torch.where(real, batch.tokens[rows].gather(1, source.clamp(max=p + t - 1)), 0)
-        ids = ids.to(self.device)
-        positions = columns.expand(len(rows), -1).to(self.device)
+        t = batch.response_length
+        aligned = aligned_rows(batch, rows)
+        ids = aligned.input_ids.to(self.device)
+        positions = torch.arange(ids.shape[1], device=self.device).expand(len(rows), -1)
         extra = {"fp32_output": False} if self.half else {}
-        at = ((prompt_lengths - 1)[:, None] + torch.arange(kept)[None, :]).to(self.device)  # [b, kept]
-        targets = batch.tokens[rows, p : p + kept].to(self.device)
+        at = aligned.predict_at.to(self.device)
+        targets = aligned.targets.to(self.device)
+        kept = aligned.kept
         if self.is_value_model:
             output = self.model(input_ids=ids, position_ids=positions, attention_mask=None, **extra)
             outputs = {"values": output.squeeze(-1).gather(1, at).float()}
@@ -327,10 +323,10 @@ class MegatronBackend:
             with _hidden_states_out(self.gpt.output_layer) as head:
                 hidden = self.model(input_ids=ids, position_ids=positions, attention_mask=None, **extra)
             hidden = hidden.gather(1, at[:, :, None].expand(-1, -1, hidden.shape[-1]))
-            real = batch.response_mask[rows, :kept].to(self.device).bool()
+            real = aligned.real.to(self.device)
             log_probs, entropy = chunked_log_probs_and_entropy(
                 hidden[real], head["weight"], targets[real], temperature=self.logits_temperature,
-                with_entropy=with_entropy,
+                with_entropy=with_entropy, compiled=self.compile,
             )
             zeros = torch.zeros(real.shape, dtype=torch.float32, device=self.device)
             outputs = {"log_probs": zeros.masked_scatter(real, log_probs)}
