@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import fcntl
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -258,12 +259,12 @@ async def run_phase(cluster, api: Api, kind: Kind, jobs: int, args: argparse.Nam
         stop.set()
         for task in watches:
             task.cancel()
+        await delete_namespace(api, namespace)  # while the operator lives to take its finalizers off
         for child in (operator, standin, kuberay):
             if child is not None:
                 child.stop()
         if operator is not None:
             procs.stop_trainer_sessions(workdir / "operator-state")
-        await delete_namespace(api, namespace)
     result = measure(kind, jobs, applied, sightings, read_reports(reports_path), before, after,
                      complete=deleted and cleaned, run_s=ended - started)
     return {**result, "other_namespaces_terminating": others}
@@ -412,7 +413,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    args.out = args.out.resolve()  # the per-job trainer commands run in their own folders
     args.out.mkdir(parents=True, exist_ok=True)
+    # Stopping the run (Ctrl-C, kill) must still clean up and resume the cluster's KubeRay.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sizes = [int(s) for s in args.jobs.split(",") if s.strip()]
 
     def say(line: str) -> None:
