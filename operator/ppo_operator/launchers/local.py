@@ -6,16 +6,20 @@ so it outlives an operator restart; its state lives in files under --state-dir:
     <state-dir>/<namespace>/<name>-<uid>/a<attempt>/{launch.lock, pid, exit, trainer.log, ppojob.yaml, kubeconfig}
     <state-dir>/<namespace>/<name>-<uid>/run/      (shared by attempts: checkpoints, so --resume works)
 
-`launch.lock` is created with O_EXCL before anything is started, so two operators (or one
-restarted mid-launch) never start two trainers for one attempt. The trainer gets a kubeconfig with
-a TokenRequest token of the job's ServiceAccount: it can patch its own PPOJob's status, nothing else.
-A shell wrapper records the exit code in `exit`. Depends on the standard library, kube, builders.
+A shell wrapper records its own pid (with its /proc start time) in `pid` before it starts the
+trainer, and the exit code in `exit` after. The launch holds an flock on `launch.lock` from before
+it looks for `pid` until the wrapper has written it, and the wrapper inherits the lock: so two
+operators, or one restarted mid-launch, never start two trainers for one attempt, and a launch
+killed before the spawn leaves no lock and no pid (the attempt is simply launched again, not
+failed). The trainer gets a kubeconfig with a TokenRequest token of the job's ServiceAccount: it can
+patch its own PPOJob's status, nothing else. Depends on the standard library, kube, builders.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
 import shlex
 import shutil
@@ -34,8 +38,12 @@ from ppo_operator.job import Job
 from ppo_operator.kube import Kube
 from ppo_operator.observed import TrainerRecord, TrainerState
 
-WRAPPER = '"$@"; code=$?; echo $code > exit.tmp && mv exit.tmp exit; exit $code'
-LAUNCH_GRACE_S = 30.0
+# $$ is the wrapper (the session leader); field 22 of its stat is its start time (comm "sh" has no spaces).
+WRAPPER = (
+    'echo "$$ $(cut -d" " -f22 /proc/$$/stat)" > pid.tmp && mv pid.tmp pid || exit 1; '
+    '"$@"; code=$?; echo $code > exit.tmp && mv exit.tmp exit; exit $code'
+)
+PID_WAIT_S = 10.0
 
 
 def _process_start(pid: int) -> str | None:
@@ -47,15 +55,32 @@ def _process_start(pid: int) -> str | None:
     return None if fields[0] in ("Z", "X") else fields[19]
 
 
-def _spawn(args: list[str], folder: Path, env: dict[str, str]) -> subprocess.Popen:
-    """Start the wrapped trainer in a session of its own, its output appended to trainer.log."""
+def _spawn(args: list[str], folder: Path, env: dict[str, str], lock_fd: int) -> subprocess.Popen:
+    """Start the wrapped trainer in a session of its own, its output appended to trainer.log; the
+    wrapper inherits the launch lock, so it holds it at least until it has written its pid."""
     with open(folder / "trainer.log", "ab") as log:
         log.write(f"$ {shlex.join(args)}\n".encode())
         log.flush()
         return subprocess.Popen(
             ["sh", "-c", WRAPPER, "sh", *args], cwd=folder, env=env, stdin=subprocess.DEVNULL,
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, pass_fds=(lock_fd,),
         )
+
+
+@contextlib.contextmanager
+def _launch_lock(folder: Path):
+    """The attempt's launch lock, if nobody holds it (yields None otherwise): an operator launching,
+    or a wrapper that may not have written its pid yet."""
+    fd = os.open(folder / "launch.lock", os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield None
+            return
+        yield fd
+    finally:
+        os.close(fd)
 
 
 class LocalLauncher:
@@ -86,24 +111,30 @@ class LocalLauncher:
     async def observe(self, job: Job, attempt: int) -> TrainerRecord:
         self._reap()
         folder = self.attempt_dir(job, attempt)
-        if not (folder / "launch.lock").exists():
-            return TrainerRecord(TrainerState.NOT_STARTED, "", "no trainer launched for this attempt")
-        exit_file, recorded = folder / "exit", self._read_pid(folder)
-        handle = f"local:{recorded[0]}" if recorded else "local:?"
+        recorded = self._read_pid(folder)
+        if recorded is None:
+            return self._unlaunched(folder)
+        pid, start = recorded
+        handle, exit_file = f"local:{pid}", folder / "exit"
         if exit_file.exists():
             code = exit_file.read_text().strip()
             if code == "0":
                 return TrainerRecord(TrainerState.SUCCEEDED, handle, "the trainer exited with code 0")
             return TrainerRecord(TrainerState.FAILED, handle, f"the trainer exited with code {code}{self._tail(folder)}")
-        if recorded is None:
-            age = time.time() - (folder / "launch.lock").stat().st_mtime
-            if age < LAUNCH_GRACE_S:
-                return TrainerRecord(TrainerState.UNKNOWN, handle, "being launched")
-            return TrainerRecord(TrainerState.FAILED, handle, "the launch was interrupted before the trainer started")
-        pid, start = recorded
         if _process_start(pid) == start:
             return TrainerRecord(TrainerState.RUNNING, handle, f"process {pid}")
         return TrainerRecord(TrainerState.FAILED, handle, f"the trainer process {pid} is gone without an exit code (killed){self._tail(folder)}")
+
+    @staticmethod
+    def _unlaunched(folder: Path) -> TrainerRecord:
+        """No pid yet: being launched while someone holds the lock, else never started (a launch that
+        was killed before its spawn left nothing behind)."""
+        if not folder.exists():
+            return TrainerRecord(TrainerState.NOT_STARTED, "", "no trainer launched for this attempt")
+        with _launch_lock(folder) as fd:
+            if fd is None:
+                return TrainerRecord(TrainerState.UNKNOWN, "local:?", "being launched")
+        return TrainerRecord(TrainerState.NOT_STARTED, "", "no trainer launched for this attempt")
 
     def _tail(self, folder: Path) -> str:
         with contextlib.suppress(FileNotFoundError):
@@ -115,10 +146,21 @@ class LocalLauncher:
     async def launch(self, job: Job, attempt: int) -> TrainerRecord:
         folder = self.attempt_dir(job, attempt)
         folder.mkdir(parents=True, exist_ok=True)
-        try:
-            os.close(os.open(folder / "launch.lock", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-        except FileExistsError:
-            return await self.observe(job, attempt)  # launched before (by us, or before a restart)
+        with _launch_lock(folder) as fd:
+            launched = fd is None or self._read_pid(folder) is not None  # by us, or before a restart
+            if not launched:
+                args, env = await self._prepare(job, attempt, folder)
+                child = await asyncio.to_thread(_spawn, args, folder, env, fd)
+                self._children[child.pid] = child
+                deadline = time.monotonic() + PID_WAIT_S  # the wrapper writes it first thing; patience under load
+                while self._read_pid(folder) is None and child.poll() is None and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+        if launched:
+            return await self.observe(job, attempt)
+        return TrainerRecord(TrainerState.RUNNING, f"local:{child.pid}", f"process {child.pid}")
+
+    async def _prepare(self, job: Job, attempt: int, folder: Path) -> tuple[list[str], dict[str, str]]:
+        """The trainer's files (kubeconfig with the job's token, manifest), its arguments and environment."""
         token = await self.kube.request_token(
             job.namespace, names.service_account_name(job.name), build_token_request(expiration_seconds=self.token_seconds)
         )
@@ -136,16 +178,7 @@ class LocalLauncher:
             "KUBECONFIG": str(folder / "kubeconfig"),
             "PPOJOB_NAME": job.name, "PPOJOB_NAMESPACE": job.namespace, "PPOJOB_ATTEMPT": str(attempt),
         }
-        child = await asyncio.to_thread(_spawn, args, folder, env)
-        self._children[child.pid] = child
-        start = None
-        for _ in range(50):  # /proc appears at once; be patient on a loaded machine
-            start = _process_start(child.pid)
-            if start:
-                break
-            await asyncio.sleep(0.01)
-        (folder / "pid").write_text(f"{child.pid} {start or 0}\n")
-        return TrainerRecord(TrainerState.RUNNING, f"local:{child.pid}", f"process {child.pid}")
+        return args, env
 
     async def stop_others(self, job: Job, keep_attempt: int | None) -> list[int]:
         stopped = []

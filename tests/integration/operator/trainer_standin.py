@@ -6,8 +6,12 @@ without the training.
 Reads the PPOJob manifest CONFIG, then walks numRollouts steps (the first numCriticOnlySteps
 critic-only), patching `status.progress` of its own PPOJob through the status subresource with the
 identity the operator gave it (KUBECONFIG: the job's ServiceAccount token), exactly as the real
-trainer's reporter does. A checkpoint file in DIR lets --resume continue. Environment knobs:
-STANDIN_STEP_SECONDS (default 0.3), STANDIN_HANG=1 (stop reporting and sleep), STANDIN_EXIT_CODE.
+trainer's reporter does, and like it a failed report is logged and training goes on (so an API
+server restart does not kill it). A checkpoint file in DIR lets --resume continue. Environment knobs:
+STANDIN_STEP_SECONDS (default 0.3), STANDIN_HANG=1 (stop reporting and sleep), STANDIN_EXIT_CODE,
+STANDIN_POD_LOSS_KUBECONFIG=PATH (a kubeconfig that may list pods: the stand-in exits 1 once a pod of
+its attempt is deleted, as a Ray driver fails when a node it uses dies; the local launcher's trainer
+runs on this machine, not in those pods, so without this it would not notice).
 """
 
 from __future__ import annotations
@@ -25,6 +29,31 @@ from kubernetes import client, config
 
 def now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def pod_loss_probe(namespace: str, name: str, attempt: int):
+    """A function returning the name of a pod of this attempt that is gone since the start, or "" (never
+    anything without STANDIN_POD_LOSS_KUBECONFIG)."""
+    path = os.environ.get("STANDIN_POD_LOSS_KUBECONFIG")
+    if not path:
+        return lambda: ""
+    pods = client.CoreV1Api(config.new_client_from_config(path))
+    selector = f"ppojob.io/job-name={name},ppojob.io/attempt={attempt}"
+
+    def alive() -> set[str] | None:
+        try:
+            items = pods.list_namespaced_pod(namespace, label_selector=selector).items
+        except Exception:  # noqa: BLE001 (cannot tell now: assume nothing is lost)
+            return None
+        return {p.metadata.name for p in items if not p.metadata.deletion_timestamp}
+
+    started = alive() or set()
+
+    def lost() -> str:
+        now_alive = alive()
+        return "" if now_alive is None else ", ".join(sorted(started - now_alive))
+
+    return lost
 
 
 def main() -> int:
@@ -51,8 +80,13 @@ def main() -> int:
     def report(**progress) -> None:
         body = {"status": {"progress": {"attempt": attempt, "totalSteps": total, "criticOnlySteps": warmup,
                                         "heartbeatTime": now(), **progress}}}
-        api.patch_namespaced_custom_object_status("ppojob.io", "v1alpha1", namespace, "ppojobs", name, body,
-                                                  _content_type="application/merge-patch+json")
+        try:
+            api.patch_namespaced_custom_object_status("ppojob.io", "v1alpha1", namespace, "ppojobs", name, body,
+                                                      _content_type="application/merge-patch+json")
+        except Exception as exc:  # noqa: BLE001 (as the real reporter: an API error never stops training)
+            print(f"stand-in: report failed ({type(exc).__name__}); going on", flush=True)
+
+    pods_lost = pod_loss_probe(namespace, name, attempt)
 
     print(f"stand-in: {namespace}/{name} attempt {attempt} from step {start}", flush=True)
     for step in range(start, total):
@@ -63,6 +97,11 @@ def main() -> int:
         if os.environ.get("STANDIN_HANG") == "1":
             time.sleep(3600)
         time.sleep(step_seconds)
+        lost = pods_lost()
+        if lost:
+            report(error=f"lost {lost}: the Ray cluster lost a node", stage="Failed")
+            print(f"stand-in: lost {lost}; exiting 1", flush=True)
+            return 1
         done = step + 1
         progress = {"step": done, "steps": f"{done}/{total}", "warmup": f"{min(done, warmup)}/{warmup}",
                     "criticOnlyStepsDone": min(done, warmup), "stage": "CriticTrain" if critic_only else "ActorTrain"}

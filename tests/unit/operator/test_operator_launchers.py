@@ -4,8 +4,11 @@ code observed; stopped and forgotten. And the Ray job-submission launcher agains
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import os
 import sys
 import time
+from pathlib import Path
 
 from aiohttp import web
 from operator_factory import make_job
@@ -62,6 +65,43 @@ def test_one_trainer_per_attempt_even_when_launched_twice(tmp_path):
     assert asyncio.run(local.stop_others(job, keep_attempt=1)) == [0]
     record = wait_state(local, job, 0, TrainerState.FAILED)
     assert "gone without an exit code" in record.message
+
+
+def test_the_wrapper_records_its_own_pid_and_start_time_before_the_trainer_runs(tmp_path):
+    local, _ = launcher(tmp_path, "import time; time.sleep(30)")
+    job = make_job()
+    record = asyncio.run(local.launch(job, 0))
+    pid, start = (local.attempt_dir(job, 0) / "pid").read_text().split()
+    assert record.handle == f"local:{pid}"
+    assert start == Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    asyncio.run(local.forget(job))
+
+
+def test_a_launch_killed_before_its_spawn_is_launched_again_not_failed(tmp_path):
+    local, kube = launcher(tmp_path, "pass")
+    job = make_job()
+    folder = local.attempt_dir(job, 0)
+    folder.mkdir(parents=True)
+    (folder / "launch.lock").touch()  # what a launch leaves when the operator dies before the spawn
+    assert asyncio.run(local.observe(job, 0)).state == TrainerState.NOT_STARTED
+    asyncio.run(local.launch(job, 0))
+    wait_state(local, job, 0, TrainerState.SUCCEEDED)
+    assert kube.token_requests == 1
+
+
+def test_a_held_launch_lock_without_a_pid_is_being_launched_and_never_launched_twice(tmp_path):
+    local, kube = launcher(tmp_path, "pass")
+    job = make_job()
+    folder = local.attempt_dir(job, 0)
+    folder.mkdir(parents=True)
+    holder = os.open(folder / "launch.lock", os.O_CREAT | os.O_RDWR)  # a wrapper that has not written its pid yet
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        assert asyncio.run(local.observe(job, 0)).state == TrainerState.UNKNOWN
+        assert asyncio.run(local.launch(job, 0)).state == TrainerState.UNKNOWN
+        assert kube.token_requests == 0 and not (folder / "trainer.log").exists()
+    finally:
+        os.close(holder)
 
 
 def test_exit_codes_are_observed_and_arguments_passed(tmp_path):

@@ -1,0 +1,74 @@
+"""Fault injection on the real local cluster: the operator SIGKILLed at random points while it creates
+50 jobs' children. Every job must end with one pod group, one RayCluster and one trainer (a second
+uid under a deterministic name, or a second attempt, is a duplicate) and reach the phase it would
+have reached without the faults (Succeeded, no restart). Prints a `[faults]` line with the counts.
+The trainer is the stand-in (`trainer_standin.py`): a test double, since no container runs under KWOK."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+
+import pytest
+from fault_itest import (
+    PODGROUPS,
+    RAYCLUSTERS,
+    SMALL_HEAD,
+    CreationRecorder,
+    apply_all,
+    phases,
+    report_faults,
+    small_manifest,
+    trainer_launches,
+)
+from operator_itest import kget, wait_for
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+SEED = int(os.environ.get("PPOJOB_FAULT_SEED", "7"))
+FINISHED = ("Succeeded", "Failed")
+
+
+def test_operator_sigkilled_at_random_points_during_50_creations_duplicates_and_loses_nothing(
+    local_cluster, k8s_namespace, start_operator
+):
+    ns, rng = k8s_namespace, random.Random(SEED)
+    jobs = [f"j{i:02d}" for i in range(50)]
+    clusters, groups = CreationRecorder(local_cluster, ns, *RAYCLUSTERS), CreationRecorder(local_cluster, ns, *PODGROUPS)
+    # A trainer must not be called lost because 50 stand-ins start at once on a loaded machine.
+    operator = start_operator(*SMALL_HEAD, "--heartbeat-timeout", "120", STANDIN_STEP_SECONDS="0.2")
+    apply_all(local_cluster, ns, [small_manifest(job) for job in jobs])
+    kills, in_flight = 0, set()
+    for _ in range(6):
+        time.sleep(rng.uniform(0.2, 4.0))  # where the kill lands: anywhere in the operator's work
+        operator.kill()
+        kills += 1
+        in_flight |= {job for job, phase in phases(local_cluster, ns).items() if phase not in FINISHED}
+        operator.start()
+    wait_for("every job finished", lambda: all(p in FINISHED for p in phases(local_cluster, ns).values())
+             and len(phases(local_cluster, ns)) == len(jobs), timeout=400, interval=2)
+    wait_for("every RayCluster torn down", lambda: kget(local_cluster, "rayclusters", ns) == [], timeout=120)
+    clusters.stop(), groups.stop()
+
+    final = {job["metadata"]["name"]: job["status"] for job in kget(local_cluster, "ppojobs", ns)}
+    warnings = local_cluster.kubectl("get", "events", "-n", ns, "--field-selector", "type=Warning",
+                                     "-o", "custom-columns=OBJ:.involvedObject.name,REASON:.reason,MSG:.message").stdout
+    duplicated = lost = 0
+    for job in jobs:
+        made = {"RayCluster": clusters.of_job(job), "PodGroup": groups.of_job(job)}
+        for kind, uids in made.items():
+            duplicated += max(0, sum(len(u) for u in uids.values()) - 1)
+            lost += not uids
+            assert list(uids) == [f"{job}-a0"] and len(uids[f"{job}-a0"]) == 1, (job, kind, uids, warnings)
+        launches = trainer_launches(operator.state_dir, ns, job)
+        duplicated += max(0, launches - 1)
+        lost += final[job]["phase"] != "Succeeded" or launches == 0
+    recovered = sum(final[job]["phase"] == "Succeeded" for job in in_flight)
+    report_faults("operator SIGKILL during 50 creations", injected=kills, recovered=recovered,
+                  duplicated=duplicated, lost=lost, jobs_in_flight_at_a_kill=len(in_flight), seed=SEED)
+    assert (duplicated, lost) == (0, 0)
+    for job in jobs:
+        assert final[job]["phase"] == "Succeeded", (job, final[job])
+        assert (final[job]["restarts"], final[job]["attempt"]) == (0, 0), (job, final[job])
+    assert operator.trainer_pids() == []
