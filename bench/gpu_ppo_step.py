@@ -328,7 +328,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=256)
     parser.add_argument("--prompt-length", type=int, default=100)
     parser.add_argument("--max-new-tokens", type=int, default=512)
-    parser.add_argument("--micro-batch-size", type=int, default=32)
+    parser.add_argument("--micro-batch-size", type=int, default=64)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     ceiling, pinned = bf16_ceiling(), pinned_bandwidth()

@@ -2,7 +2,7 @@
 
 What `gpu_ppo_step.py` times as "actor log-probs" and "actor train", isolated so that the
 choices behind them can be compared in one run: each backend eager or compiled (`compile`), and
-a larger no-grad micro-batch ("fmb64"). The batch is the step's shape
+a larger micro-batch ("mb64", training and no-grad passes). The batch is the step's shape
 (Qwen2.5-0.5B shape, 256 rows of ~100 prompt + 512 response tokens, random tokens); no rollout.
 Each pass runs twice and the second is timed. `--profile` prints the top CUDA kernels of one
 eager training micro-batch. Writes passes.json into --out.
@@ -29,10 +29,12 @@ from ppojob_api.spec import ModelSpec
 
 VARIANTS = {
     "torch eager": {"backend": "Torch", "compile": False},
-    "torch eager fmb64": {"backend": "Torch", "compile": False, "forward_micro_batch_size": 64},
+    "torch eager mb64": {"backend": "Torch", "compile": False, "micro_batch_size": 64},
     "torch compiled": {"backend": "Torch", "compile": True},
     "megatron eager": {"backend": "Megatron", "compile": False},
     "megatron compiled head": {"backend": "Megatron", "compile": True},
+    "torch compiled mb64": {"backend": "Torch", "compile": True, "micro_batch_size": 64},
+    "megatron compiled head mb64": {"backend": "Megatron", "compile": True, "micro_batch_size": 64},
 }
 
 
@@ -50,7 +52,7 @@ def synthetic_batch(rows: int, prompt_length: int, response_length: int):
 def build(variant: dict, model_spec: ModelSpec):
     common = {"model_spec": model_spec, "role": "actor", "learning_rate": 1e-6, "max_grad_norm": 1.0,
               "device": "cuda", "seed": 1, "dtype": "bfloat16",
-              "forward_micro_batch_size": variant.get("forward_micro_batch_size", 32)}
+              "forward_micro_batch_size": variant.get("micro_batch_size", 32)}
     if variant["backend"] == "Megatron":
         from ppo_trainer.backends.megatron.backend import MegatronBackend
 
@@ -97,6 +99,7 @@ def measure(variant: dict, model_spec: ModelSpec, batch, flops: float, ceiling: 
     backend = build(variant, model_spec)
     build_seconds = time.perf_counter() - built
     forward = timed(lambda: backend.forward(batch))
+    micro_batch_size = variant.get("micro_batch_size", micro_batch_size)
     train = timed(lambda: backend.train(batch, policy_loss_fn(batch), micro_batch_size=micro_batch_size))
     entry = {
         "build_seconds": build_seconds, "forward_first": forward[0], "forward": forward[1],
