@@ -8,11 +8,12 @@ STAMP := $(VENV)/.installed
 export PPOJOB_CACHE ?= $(HOME)/.cache/ppojob
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help venv test test-unit test-integration test-e2e run demo bench-scale cluster-binaries cluster-up cluster-down cluster-env lint clean
+.PHONY: help venv test test-unit test-integration test-e2e run run-llm demo bench-scale cluster-binaries cluster-up cluster-down cluster-env lint clean
 
 help:
 	@echo "make demo          the whole story on the local cluster (helm install, kubectl apply, watch it train)"
 	@echo "make run           one PPO run on this machine's CPU (no cluster)"
+	@echo "make run-llm       PPO on a real instruct model (SmolLM2-135M) on this CPU: ~20-30 minutes on 2 cores"
 	@echo "make test          all tests: unit, integration (local cluster, Ray), end to end"
 	@echo "make cluster-up    start the local Kubernetes cluster and leave it running; cluster-down stops it"
 	@echo "make bench-scale   PPOJobs vs KubeRay RayJobs at scale on the local cluster (JOBS=10,100,500; docs/scale.md)"
@@ -43,6 +44,9 @@ cluster-env: venv
 
 run: venv
 	$(VENV)/bin/ppo-train examples/tiny-ppojob.yaml --run-dir runs/tiny
+
+run-llm: venv
+	$(VENV)/bin/ppo-train examples/smollm2-ppojob.yaml --run-dir runs/smollm2
 
 demo: venv cluster-binaries
 	@PYTHONPATH=tests/e2e $(PY) -m story
