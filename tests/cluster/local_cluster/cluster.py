@@ -7,6 +7,7 @@ Each component runs in its own process group with its log under <state>/logs/. T
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import fcntl
 import io
@@ -71,7 +72,12 @@ def _proc_start_time(pid: int) -> str | None:
 
 
 def _alive(record: dict) -> bool:
-    return _proc_start_time(record["pid"]) == record["start_time"]
+    """Our recorded process still runs (a zombie, killed but not yet reaped by its parent, does not)."""
+    try:
+        state = Path(f"/proc/{record['pid']}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z" and _proc_start_time(record["pid"]) == record["start_time"]
 
 
 def _port_free(port: int) -> bool:
@@ -573,6 +579,72 @@ class LocalCluster:
                 *[f"--config={path}" for path in manifests.kwok_stage_files(self.pins)],
             ],
         }
+
+    # ---- restarting one component (fault injection) -------------------------------------------
+    def _health(self, name: str):
+        if name == "etcd":
+            return lambda: self._get(f"http://{HOST}:{PORTS['etcd']}/health")[0] == 200
+        if name == "kube-apiserver":
+            return self.apiserver_ready
+        return self._checks().get(name, lambda: True)
+
+    def restart(self, *names: str, down_s: float = 0.0, timeout: float = 120) -> float:
+        """Crash and restart these components (SIGKILL, then the same command line: etcd keeps its
+        data dir), stopped in reverse order and started in order, each waited on until healthy.
+        `down_s`: how long they stay down. Returns the seconds from the kill to all healthy again."""
+        with _locked(self.state_dir):
+            record = self._read_record()
+            if not record or not record.get("ready"):
+                raise ClusterError(f"no ready local cluster is recorded in {self.record_file}")
+            unknown = [n for n in names if n not in record["processes"]]
+            if unknown:
+                raise ClusterError(f"no such component: {', '.join(unknown)}; known: {', '.join(record['processes'])}")
+            killed = time.monotonic()
+            for name in reversed(names):
+                self._kill_component(name, record["processes"][name])
+            time.sleep(down_s)
+            deadline = time.monotonic() + timeout
+            for name in names:
+                self._spawn(name, record["processes"][name]["cmd"][1:], record)
+                self._wait_loop(name, self._health(name), deadline, self.log_dir / f"{name}.log")
+            return time.monotonic() - killed
+
+    def restart_apiserver(self, down_s: float = 0.0) -> float:
+        return self.restart("kube-apiserver", down_s=down_s)
+
+    def restart_etcd(self, down_s: float = 0.0) -> float:
+        """etcd and the API server on it, as a control-plane node restart; the data is kept."""
+        return self.restart("etcd", "kube-apiserver", down_s=down_s)
+
+    def compact_etcd(self) -> int:
+        """Compact etcd's history up to now (what the API server does every 5 minutes): a watch that
+        resumes from an older resourceVersion gets 410 Gone and must list again. Returns the revision."""
+        url = f"http://{HOST}:{PORTS['etcd']}/v3/kv"
+        key = base64.b64encode(b"/registry/").decode()
+        revision = int(self._post_json(f"{url}/range", {"key": key, "limit": 1})["header"]["revision"])
+        self._post_json(f"{url}/compaction", {"revision": revision, "physical": True})
+        return revision
+
+    @staticmethod
+    def _post_json(url: str, body: dict) -> dict:
+        """etcd's JSON gateway of its gRPC API (plain http on loopback)."""
+        request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())
+
+    def _kill_component(self, name: str, process: dict) -> None:
+        if _alive(process):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process["pgid"], signal.SIGKILL)
+        child = self._popen.pop(name, None)
+        if child is not None:
+            child.wait(timeout=10)  # our own child: reap it
+        deadline = time.monotonic() + 10
+        while _alive(process) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        port = PORTS.get(name)
+        while port is not None and not _port_free(port) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     # ---- stopping -----------------------------------------------------------------------------
     def _stop_record(self, record: dict, grace: float = 10) -> list[str]:

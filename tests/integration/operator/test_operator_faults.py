@@ -72,3 +72,58 @@ def test_operator_sigkilled_at_random_points_during_50_creations_duplicates_and_
         assert final[job]["phase"] == "Succeeded", (job, final[job])
         assert (final[job]["restarts"], final[job]["attempt"]) == (0, 0), (job, final[job])
     assert operator.trainer_pids() == []
+
+
+def _worker_pod(cluster, namespace: str, job: str, attempt: int) -> str:
+    selector = f"ppojob.io/job-name={job},ppojob.io/attempt={attempt},ppojob.io/role=train"
+    return kget(cluster, "pods", namespace, selector=selector)[0]["metadata"]["name"]
+
+
+def test_api_server_and_etcd_restarts_mid_run_miss_no_event_for_good(local_cluster, k8s_namespace, start_operator):
+    """Two crashes of the control plane: the API server alone while jobs are being created, then etcd
+    and the API server while the operator is frozen (SIGSTOP) and a worker pod is deleted meanwhile.
+    The operator's watches resume from versions the new API server no longer has (410: they list
+    again), so that deletion reaches the operator only through the relist: it must still notice it."""
+    ns = k8s_namespace
+    clusters, groups = CreationRecorder(local_cluster, ns, *RAYCLUSTERS), CreationRecorder(local_cluster, ns, *PODGROUPS)
+    operator = start_operator(*SMALL_HEAD, "--heartbeat-timeout", "120", STANDIN_STEP_SECONDS="0.5")
+    steady = [f"s{i}" for i in range(8)]
+    apply_all(local_cluster, ns, [small_manifest("lost", ppo={"numRollouts": 40}, checkpoint={"interval": 2})]
+              + [small_manifest(job, ppo={"numRollouts": 12}) for job in steady[:4]])
+    wait_for("the first jobs' trainers started", lambda: all(
+        p in ("CriticWarmup", "Training", *FINISHED) for j, p in phases(local_cluster, ns).items() if j in steady[:4]),
+        timeout=120)
+    apply_all(local_cluster, ns, [small_manifest(job, ppo={"numRollouts": 12}) for job in steady[4:]])
+    down_s = [local_cluster.restart_apiserver()]  # while the last four are being created
+
+    wait_for("a checkpoint of the long job", lambda: ((kget(local_cluster, "ppojob", ns, "lost") or {})
+                                                      .get("status") or {}).get("progress", {}).get("lastCheckpoint"),
+             timeout=120)
+    operator.pause()
+    try:
+        down_s.append(local_cluster.restart_etcd())
+        local_cluster.kubectl("delete", "pod", _worker_pod(local_cluster, ns, "lost", 0), "-n", ns, "--wait=false")
+        local_cluster.compact_etcd()  # the frozen watches' versions are history now: they must list again
+    finally:
+        operator.resume()
+
+    wait_for("every job finished", lambda: all(p in FINISHED for p in phases(local_cluster, ns).values()),
+             timeout=240, interval=1)
+    wait_for("every RayCluster torn down", lambda: kget(local_cluster, "rayclusters", ns) == [], timeout=120)
+    clusters.stop(), groups.stop()
+    final = {job["metadata"]["name"]: job["status"] for job in kget(local_cluster, "ppojobs", ns)}
+    expected_attempts = {**{job: ["a0"] for job in steady}, "lost": ["a0", "a1"]}
+    made = {job: (clusters.of_job(job), groups.of_job(job)) for job in expected_attempts}
+    duplicated = sum(max(0, len(uids) - 1) for job in made for kind in made[job] for uids in kind.values())
+    lost = sum(final[job]["phase"] != "Succeeded" for job in expected_attempts)
+    report_faults("API server and etcd restarts", injected=3, recovered=len(expected_attempts) - lost,
+                  duplicated=duplicated, lost=lost, control_plane_down_s="/".join(f"{s:.1f}" for s in down_s))
+    for job, attempts in expected_attempts.items():
+        assert final[job]["phase"] == "Succeeded", (job, final[job])
+        assert final[job]["restarts"] == len(attempts) - 1, (job, final[job])
+        for kind in made[job]:
+            assert sorted(kind) == [f"{job}-{a}" for a in attempts] and all(len(u) == 1 for u in kind.values()), kind
+    assert (duplicated, lost) == (0, 0)
+    assert final["lost"]["progress"]["steps"] == "40/40"
+    log = (next(operator.state_dir.glob(f"{ns}/lost-*/a1")) / "trainer.log").read_text()
+    assert "--resume" in log and "from step 0" not in log
