@@ -32,6 +32,7 @@ class ActorWorker(RoleWorker):
         ref = spec.ppo.custom_advantage_function
         self.advantage_fn = load_advantage_function(ref) if ref else None
         self.received: CriticOutput | None = None
+        self._shared: list[torch.Tensor] = []  # weights shared with the colocated engine (CUDA IPC)
         if rollout_workers and rank == 0:
             from ppo_trainer.distributed import process_group_backend
             from ppo_trainer.roles.link import build_weight_sync
@@ -112,6 +113,23 @@ class ActorWorker(RoleWorker):
             if self.rank != 0:
                 return {}
             return {name: tensor.detach().to("cpu", copy=True) for name, tensor in self.backend.named_weights()}
+
+    def share_weights(self):
+        """Colocate on GPUs: wake and share this rank's weights with the engine on its GPU (CUDA IPC
+        handles, `rollout/cuda_ipc.py`); the rank stays awake, holding them, until `release_weights`."""
+        from ppo_trainer.rollout.cuda_ipc import share_weights
+
+        self.wake()
+        self.residency.require_awake("share weights")
+        shared, self._shared = share_weights(self.backend.named_weights(), self.device)
+        return shared
+
+    def release_weights(self) -> None:
+        """The engine has copied the shared weights: drop them and sleep again (train-side offload)."""
+        self._shared = []
+        torch.cuda.ipc_collect()  # memory the engine held open goes back before the offload frees it
+        if self.offload:
+            self.sleep()
 
     def broadcast_weights(self) -> None:
         """Disaggregated: rank 0 sends the weights to the engines over the weight-update group."""

@@ -45,6 +45,8 @@ class Layout:
     rollout_engines: int
     colocate: bool
     with_critic: bool
+    cuda_ipc_weights: bool = False
+    """Colocated torch engines on GPUs copy the weights from the actor rank on their GPU (CUDA IPC)."""
 
     @property
     def device(self) -> str:
@@ -82,7 +84,8 @@ def compute_layout(spec: PPOJobSpec, *, use_gpus: bool, cpu_ranks: int = 1) -> L
                 f"{spec.rollout.gpus}; raise resources.gpusPerNode or lower rollout.gpus"
             )
         engines = train_gpus if colocate else spec.rollout.gpus
-        return Layout(True, train_gpus, engines, colocate, spec.critic.enabled)
+        cuda_ipc = colocate and spec.rollout.engine == EngineKind.TORCH  # SGLang's servers take IPC from the worker
+        return Layout(True, train_gpus, engines, colocate, spec.critic.enabled, cuda_ipc_weights=cuda_ipc)
     return Layout(False, cpu_ranks, 1, colocate, spec.critic.enabled)
 
 
@@ -102,9 +105,16 @@ class Roles:
         return [g for g in (self.rollout, self.actor, self.critic, self.ref) if g is not None]
 
     def sync_weights(self) -> None:
-        """New actor weights to every engine: through Ray when colocated, over the weight-update group when
-        not (the engines wake first to take them). Every actor rank takes the turn; rank 0 sends."""
-        if self.layout.colocate:
+        """New actor weights to every engine. Colocated torch engines on GPUs: engine i copies them from
+        actor rank i on its GPU (CUDA IPC); otherwise colocated: through Ray from rank 0; Disaggregated:
+        over the weight-update group (the engines wake first to take them). Every actor rank takes the turn."""
+        if self.layout.cuda_ipc_weights:
+            shared = self.actor.call("share_weights")
+            try:
+                ray.get([engine.update_weights_shared.remote(s) for engine, s in zip(self.rollout.handles, shared)])
+            finally:
+                self.actor.call("release_weights")
+        elif self.layout.colocate:
             exported = self.actor.async_call("export_weights")
             ray.get([engine.update_weights.remote(exported[0]) for engine in self.rollout.handles] + list(exported))
         else:

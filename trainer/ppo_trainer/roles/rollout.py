@@ -127,6 +127,7 @@ class RolloutWorker:
         use_all_cores(device)
         self.spec = spec
         self.rank = rank
+        self.device = device
         self.tokenizer = load_tokenizer(spec.model)
         built = build_engine(
             spec, device=device, rank=rank, pad_token_id=self.tokenizer.pad_token_id, builtin_server=builtin_server
@@ -187,9 +188,18 @@ class RolloutWorker:
             server.stop()
 
     def update_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        """Colocate: new weights arrived through Ray as CPU tensors."""
+        """Colocate on CPUs: new weights arrived through Ray as CPU tensors."""
         self.wake()
         self.engine.update_weights(weights.items())
+
+    def update_weights_shared(self, shared) -> None:
+        """Colocate on GPUs: copy the actor rank's weights straight from its device memory (CUDA IPC);
+        done (synchronized, views dropped) when this returns, so the actor may free them."""
+        from ppo_trainer.rollout.cuda_ipc import open_shared_weights
+
+        self.wake()
+        self.engine.update_weights(open_shared_weights(shared, self.device))
+        torch.cuda.synchronize()
 
     # Disaggregated: this engine's end of the actor's weight-update group (a WeightSyncTarget).
     def weight_sync_ranks(self) -> int:
