@@ -1,0 +1,36 @@
+"""compute_layout: how many ranks and engines, and how the weights reach the engines."""
+
+from __future__ import annotations
+
+import pytest
+
+from ppo_trainer.roles.build import PlacementError, compute_layout
+from ppojob_api.spec import parse_spec
+
+
+def spec(**fields):
+    base = {"image": "trainer", "model": {"path": "builtin:tiny"}, "resources": {"nodes": 1, "gpusPerNode": 2}}
+    return parse_spec({**base, **fields})
+
+
+def test_colocated_torch_engines_on_gpus_take_the_weights_by_cuda_ipc():
+    layout = compute_layout(spec(), use_gpus=True)
+    assert (layout.train_ranks, layout.rollout_engines, layout.colocate) == (2, 2, True)
+    assert layout.cuda_ipc_weights  # engine i shares actor rank i's bundle, hence its GPU
+
+
+@pytest.mark.parametrize(
+    ("fields", "use_gpus"),
+    [
+        ({}, False),  # CPUs: through Ray's object store
+        ({"rollout": {"engine": "SGLang"}}, True),  # the SGLang worker hands tensors to its servers itself
+        ({"placement": "Disaggregated", "rollout": {"gpus": 1}}, True),  # the weight-update group
+    ],
+)
+def test_other_layouts_do_not_use_cuda_ipc(fields, use_gpus):
+    assert not compute_layout(spec(**fields), use_gpus=use_gpus).cuda_ipc_weights
+
+
+def test_no_gpus_left_for_training_is_a_clear_error():
+    with pytest.raises(PlacementError, match="no GPUs left for training"):
+        compute_layout(spec(placement="Disaggregated", rollout={"gpus": 2}), use_gpus=True)
