@@ -217,7 +217,9 @@ async def run_phase(cluster, api: Api, kind: Kind, jobs: int, args: argparse.Nam
     if kind is PPOJOB:
         standin, spool, reports_path = procs.start_standin(workdir, every=args.every, steps=args.steps, warmup=args.warmup)
         operator, operator_metrics = procs.start_operator(cluster, namespace, workdir,
-                                                          STANDIN_COMMAND.format(spool=spool))
+                                                          STANDIN_COMMAND.format(spool=spool), args.operator_args.split())
+        if args.profile:
+            procs.profile(operator, workdir / "operator-profile.txt")
     sightings, stop = Sightings(), asyncio.Event()
     watches = [asyncio.create_task(watch(api, collection_path(kind.group, kind.version, kind.plural, namespace),
                                          record(kind, sightings, "job"), stop))]
@@ -389,7 +391,8 @@ async def run_size(jobs: int, args: argparse.Namespace, say) -> dict[str, Any]:
         try:
             async with Api(cluster.server, cluster.state_dir / "pki") as api:
                 with procs.cluster_kuberay_paused(cluster):
-                    return {kind.name: await run_phase(cluster, api, kind, jobs, args, say) for kind in (PPOJOB, RAYJOB)}
+                    return {kind.name: await run_phase(cluster, api, kind, jobs, args, say)
+                            for kind in (PPOJOB, RAYJOB) if kind.name in args.kinds}
         finally:
             cluster.kubectl("delete", "node", "-l", f"{manifests.POOL_LABEL}={manifests.POOL}", "--wait=true",
                             check=False, timeout=120)
@@ -407,6 +410,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--idle", type=float, default=10.0,
                    help="seconds of the cluster's own traffic measured before each phase and taken off its counts")
     p.add_argument("--phase-timeout", type=float, default=1200.0, help="seconds a phase may take to finish, and to clean up")
+    p.add_argument("--kinds", default="ppojob,rayjob", help="the sides to run (a profiling run may want ppojob alone)")
+    p.add_argument("--operator-args", default="", help="more ppo-operator flags, e.g. '--api-workers 64' (A/B runs)")
+    p.add_argument("--profile", action="store_true",
+                   help="sample ppo-operator with py-spy over the phase (collapsed stacks in operator-profile.txt)")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "operator_scale")
     return p.parse_args(argv)
 

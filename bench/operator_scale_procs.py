@@ -109,7 +109,7 @@ def start_kuberay(cluster, namespace: str, log: Path) -> tuple[Child, int]:
     return child, metrics
 
 
-def start_operator(cluster, namespace: str, workdir: Path, trainer_command: str) -> tuple[Child, int]:
+def start_operator(cluster, namespace: str, workdir: Path, trainer_command: str, extra: list[str]) -> tuple[Child, int]:
     """ppo-operator in development mode for one namespace, trainers through `trainer_command`; (child, metrics port)."""
     metrics, live = free_port(), free_port()
     env = {**cluster.env()}
@@ -117,7 +117,7 @@ def start_operator(cluster, namespace: str, workdir: Path, trainer_command: str)
         str(OPERATOR), "--namespace", namespace, "--launcher", "local", "--state-dir", str(workdir / "operator-state"),
         "--trainer-command", trainer_command, "--scheduler-name", "Coscheduling=scheduler-plugins-scheduler",
         "--gang-schedulers", "Coscheduling,None", "--head-cpu", "1", "--head-memory", "1Gi",
-        "--metrics-port", str(metrics), "--liveness", f"http://127.0.0.1:{live}/healthz",
+        "--metrics-port", str(metrics), "--liveness", f"http://127.0.0.1:{live}/healthz", *extra,
     ], workdir / "operator.log", env)
     child.wait_http(f"http://127.0.0.1:{live}/healthz")
     return child, metrics
@@ -132,6 +132,13 @@ def start_standin(workdir: Path, *, every: float, steps: int, warmup: int) -> tu
         "--every", str(every), "--steps", str(steps), "--warmup", str(warmup),
     ], workdir / "standin.log", dict(os.environ))
     return child, spool, reports
+
+
+def profile(target: Child, out: Path) -> Child:
+    """py-spy (from the venv) sampling `target` without pausing it until it exits: collapsed stacks in `out`."""
+    return Child.start("py-spy", [str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(target.proc.pid),
+                                  "--rate", "50", "--nonblocking", "--format", "raw", "--output", str(out)],
+                       out.with_suffix(".log"), dict(os.environ))
 
 
 def cluster_kuberay_pid(cluster) -> int | None:
