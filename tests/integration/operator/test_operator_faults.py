@@ -6,6 +6,8 @@ The trainer is the stand-in (`trainer_standin.py`): a test double, since no cont
 
 from __future__ import annotations
 
+import collections
+import json
 import os
 import random
 import time
@@ -127,3 +129,81 @@ def test_api_server_and_etcd_restarts_mid_run_miss_no_event_for_good(local_clust
     assert final["lost"]["progress"]["steps"] == "40/40"
     log = (next(operator.state_dir.glob(f"{ns}/lost-*/a1")) / "trainer.log").read_text()
     assert "--resume" in log and "from step 0" not in log
+
+
+def _statuses(cluster, namespace: str) -> dict[str, dict]:
+    return {job["metadata"]["name"]: job.get("status") or {} for job in kget(cluster, "ppojobs", namespace) or []}
+
+
+def _story(cluster, namespace: str, job: str) -> list[str]:
+    """The job's Warning events as `reason: message`."""
+    out = cluster.kubectl("get", "events", "-n", namespace, "--field-selector",
+                          f"involvedObject.name={job},type=Warning", "-o", "json").stdout
+    return [f"{e['reason']}: {e['message']}" for e in json.loads(out)["items"]]
+
+
+def _reported_a_checkpoint(status: dict) -> bool:
+    """The current attempt's trainer runs and has reported since it started (progress is kept across
+    attempts), and there is a checkpoint to resume from."""
+    progress = status.get("progress") or {}
+    return (status.get("phase") in ("CriticWarmup", "Training") and progress.get("attempt") == status.get("attempt")
+            and bool(progress.get("lastCheckpoint")))
+
+
+def test_deleted_worker_pods_restart_each_job_from_its_checkpoint_until_its_backoff_limit(
+    local_cluster, k8s_namespace, start_operator
+):
+    """KubeRay recreates a deleted worker pod; the operator sees the pod lost (deleted, or replaced by a
+    pod created after the gang was placed) and restarts the attempt from the last checkpoint, or fails
+    the job once runPolicy.backoffLimit is reached. The stand-in trainer dies on the pod loss as a Ray
+    driver would (STANDIN_POD_LOSS_KUBECONFIG), so both failure signals race: one lost pod must cost
+    exactly one restart."""
+    ns, rng = k8s_namespace, random.Random(SEED)
+    limits = {"w0": 0, "w1": 1, **{f"w{i}": rng.choice([1, 2, 3]) for i in range(2, 6)}}
+    planned = {"w0": 1, "w1": 2, **{job: rng.randint(0, limits[job] + 1) for job in list(limits)[2:]}}
+    operator = start_operator(*SMALL_HEAD, "--heartbeat-timeout", "120", STANDIN_STEP_SECONDS="0.4",
+                              STANDIN_POD_LOSS_KUBECONFIG=str(local_cluster.kubeconfig))
+    apply_all(local_cluster, ns, [small_manifest(job, ppo={"numRollouts": 40}, checkpoint={"interval": 2},
+                                                 runPolicy={"backoffLimit": limit}) for job, limit in limits.items()])
+    deleted: collections.Counter[str] = collections.Counter()
+    hit: set[tuple[str, int]] = set()
+    deadline = time.monotonic() + 300
+    while sum(deleted.values()) < sum(planned.values()) and time.monotonic() < deadline:
+        now = _statuses(local_cluster, ns)
+        ready = sorted(job for job, s in now.items() if deleted[job] < planned[job] and (job, s.get("attempt")) not in hit
+                       and _reported_a_checkpoint(s))
+        if not ready:
+            if all(s.get("phase") in FINISHED for job, s in now.items() if deleted[job] < planned[job]):
+                break  # a job finished before its turn: it is counted with the deletions it got
+            time.sleep(0.5)
+            continue
+        job = rng.choice(ready)
+        attempt = now[job]["attempt"]
+        local_cluster.kubectl("delete", "pod", _worker_pod(local_cluster, ns, job, attempt), "-n", ns, "--wait=false")
+        deleted[job] += 1
+        hit.add((job, attempt))
+
+    wait_for("every job finished", lambda: all(s.get("phase") in FINISHED for s in _statuses(local_cluster, ns).values()),
+             timeout=300, interval=1)
+    final = _statuses(local_cluster, ns)
+    recovered = sum(0 < deleted[job] <= limits[job] and final[job]["phase"] == "Succeeded" for job in limits)
+    past_limit = [job for job in limits if deleted[job] > limits[job]]
+    wrong = [job for job in limits if final[job]["phase"] != ("Failed" if job in past_limit else "Succeeded")]
+    report_faults("worker pods deleted", injected=sum(deleted.values()), recovered=recovered, duplicated=0,
+                  lost=len(wrong), jobs=len(limits), failed_past_backoff_limit=len(past_limit), seed=SEED)
+    assert past_limit and not wrong, (deleted, {job: final[job]["message"] for job in wrong})
+    for job, limit in limits.items():
+        status, story = final[job], _story(local_cluster, ns, job)
+        restarts = min(deleted[job], limit)
+        assert (status["restarts"], status["attempt"]) == (restarts, restarts), (job, status)
+        for k in range(1, restarts + 1):  # each restart told, with the checkpoint it resumes from
+            told = [line for line in story if f"Restarting: restart {k}/{limit} from step " in line]
+            assert told and told[0].split(":")[0] in ("PodLost", "TrainerFailed"), (job, k, story)
+            resumed_from = int(told[0].split("from step ")[1].split(":")[0])
+            log = (next(operator.state_dir.glob(f"{ns}/{job}-*/a{k}")) / "trainer.log").read_text()
+            assert "--resume" in log and int(log.split(" from step ")[1].split()[0]) >= resumed_from > 0, log
+        if job in past_limit:
+            assert status["reason"] == "BackoffLimitExceeded", (job, status)
+            assert status["message"].split(":")[0] in ("PodLost", "TrainerFailed"), status["message"]
+            assert f"runPolicy.backoffLimit ({limit}) reached" in status["message"]
+            assert any(line.startswith("BackoffLimitExceeded: Failed: ") for line in story), story
