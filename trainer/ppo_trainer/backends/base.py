@@ -23,6 +23,25 @@ from ppo_trainer.batch import RolloutBatch
 LossFn = Callable[[dict[str, torch.Tensor], torch.Tensor], tuple[torch.Tensor, dict[str, float]]]
 
 
+ROLES = ("actor", "critic", "ref")
+
+
+def check_backend_arguments(
+    *, role: str, learning_rate: float, max_grad_norm: float, logits_temperature: float, forward_micro_batch_size: int
+) -> None:
+    """The constructor arguments every backend shares: a ValueError naming the bad one and the fix."""
+    if role not in ROLES:
+        raise ValueError(f"role {role!r} is unknown; use one of {', '.join(ROLES)}")
+    if role != "ref" and not learning_rate > 0:
+        raise ValueError(f"learning_rate must be > 0 for role {role!r}, got {learning_rate}")
+    if max_grad_norm < 0:
+        raise ValueError(f"max_grad_norm must be >= 0 (0 turns clipping off), got {max_grad_norm}")
+    if not logits_temperature > 0:
+        raise ValueError(f"logits_temperature must be > 0 (use 1.0 for greedy rollouts), got {logits_temperature}")
+    if forward_micro_batch_size < 1:
+        raise ValueError(f"forward_micro_batch_size must be >= 1, got {forward_micro_batch_size}")
+
+
 class TrainBackend(Protocol):
     """One rank of a policy (actor, reference) or value model (critic)."""
 

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ppo_trainer.algorithms.ppo import chunked_log_probs_and_entropy
-from ppo_trainer.backends.base import LossFn
+from ppo_trainer.backends.base import LossFn, check_backend_arguments
 from ppo_trainer.batch import RolloutBatch
 from ppo_trainer.distributed import average_gradients
 from ppo_trainer.models.builtin import build_policy, build_value_model, resolve_dtype
@@ -28,7 +28,6 @@ from ppo_trainer.models.residency import HostMirror
 from ppo_trainer.rollout.layout import aligned_rows
 from ppojob_api.spec import ModelSpec
 
-ROLES = ("actor", "critic", "ref")
 COMPILED_WIDTH_MULTIPLE = 64
 
 
@@ -58,18 +57,10 @@ class TorchBackend:
         forward_micro_batch_size: int = 16,
         compile: bool = False,
     ):
-        if role not in ROLES:
-            raise ValueError(f"role {role!r} is unknown; use one of {', '.join(ROLES)}")
-        if role != "ref" and not learning_rate > 0:
-            raise ValueError(f"learning_rate must be > 0 for role {role!r}, got {learning_rate}")
-        if max_grad_norm < 0:
-            raise ValueError(f"max_grad_norm must be >= 0 (0 turns clipping off), got {max_grad_norm}")
-        if not logits_temperature > 0:
-            raise ValueError(
-                f"logits_temperature must be > 0 (use 1.0 for greedy rollouts), got {logits_temperature}"
-            )
-        if forward_micro_batch_size < 1:
-            raise ValueError(f"forward_micro_batch_size must be >= 1, got {forward_micro_batch_size}")
+        check_backend_arguments(
+            role=role, learning_rate=learning_rate, max_grad_norm=max_grad_norm,
+            logits_temperature=logits_temperature, forward_micro_batch_size=forward_micro_batch_size,
+        )
         self.role = role
         self.device = torch.device(device)
         self.dtype = resolve_dtype(dtype if dtype is not None else model_spec.dtype)

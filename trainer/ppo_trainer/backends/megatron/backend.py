@@ -42,7 +42,7 @@ from megatron.core.transformer.module import Float16Module
 
 from ppo_trainer.algorithms import entropy_from_logits, log_probs_from_logits
 from ppo_trainer.algorithms.ppo import chunked_log_probs_and_entropy
-from ppo_trainer.backends.base import LossFn
+from ppo_trainer.backends.base import LossFn, check_backend_arguments
 from ppo_trainer.backends.megatron import conversion
 from ppo_trainer.backends.megatron.attention import layer_spec
 from ppo_trainer.backends.megatron.config import gpt_model_kwargs, transformer_config_kwargs
@@ -50,8 +50,6 @@ from ppo_trainer.batch import RolloutBatch
 from ppo_trainer.models.builtin import resolve_dtype, resolve_model_dir, tiny_config
 from ppo_trainer.rollout.layout import aligned_rows
 from ppojob_api.spec import ModelSpec
-
-ROLES = ("actor", "critic", "ref")
 
 
 def ensure_parallel_state(*, tensor: int, pipeline: int, seed: int) -> None:
@@ -182,12 +180,10 @@ class MegatronBackend:
         pipeline_parallel: int = 1,
         compile: bool = False,
     ):
-        if role not in ROLES:
-            raise ValueError(f"role {role!r} is unknown; use one of {', '.join(ROLES)}")
-        if role != "ref" and not learning_rate > 0:
-            raise ValueError(f"learning_rate must be > 0 for role {role!r}, got {learning_rate}")
-        if not logits_temperature > 0:
-            raise ValueError(f"logits_temperature must be > 0, got {logits_temperature}")
+        check_backend_arguments(
+            role=role, learning_rate=learning_rate, max_grad_norm=max_grad_norm,
+            logits_temperature=logits_temperature, forward_micro_batch_size=forward_micro_batch_size,
+        )
         if torch.device(device).type != "cuda" or not torch.cuda.is_available():
             raise ValueError(f"the megatron backend needs a CUDA device (got {device!r}); use the Torch backend on CPUs")
         self.role = role
