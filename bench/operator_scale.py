@@ -86,6 +86,8 @@ def record(kind: Kind, sightings: Sightings, what: str):
         status = body.get("status") or {}
         if what == "job" and kind.phase_of(body):
             sightings.saw(job, f"phase:{kind.phase_of(body)}", seen)
+            progress = status.get("progress") or {}
+            sightings.saw(job, f"report:{progress.get('step')}:{bool(progress.get('finished'))}", seen)
         elif what == "raycluster" and status.get("state") == "ready":
             sightings.saw(job, "cluster_ready", seen)
         elif what == "pod" and status.get("phase") in ("Running", "Succeeded"):
@@ -282,6 +284,16 @@ def seconds_from(applied: dict[str, float], sightings: Sightings, *whats: str) -
     return samples
 
 
+def report_visible(reports: list[dict], sightings: Sightings) -> list[float]:
+    """Per phase-moving report: our watch's first sighting of it minus its stored time (the API server's share)."""
+    lags = []
+    for report in reports:
+        seen = sightings.at(report["job"], f"report:{report['step']}:{report['finished']}")
+        if report["phase"] and report["code"] == 200 and seen is not None:
+            lags.append(seen - report["stored"])
+    return lags
+
+
 def status_lags(reports: list[dict], sightings: Sightings) -> list[float]:
     """Per report that should move the phase: first sighting of that phase minus the report's stored time."""
     lags = []
@@ -317,6 +329,8 @@ def measure(kind: Kind, jobs: int, applied: dict[str, float], sightings: Sightin
         "apply_to_pods_running_s": stats.p50_p99(seconds_from(applied, sightings, "pods_running")),
         "apply_to_job_running_s": stats.p50_p99(running),
         "status_lag_s": stats.p50_p99(status_lags(reports, sightings)) if kind is PPOJOB else None,
+        "report_visible_s": stats.p50_p99(report_visible(reports, sightings)) if kind is PPOJOB else None,
+        "report_patch_s": stats.p50_p99(r["stored"] - r["sent"] for r in reports) if kind is PPOJOB else None,
         "trainer_reports": len(reports),
         "trainer_reports_failed": sum(r["code"] != 200 for r in reports),
         "api_requests_per_job": stats.per_job(job_requests, jobs),
