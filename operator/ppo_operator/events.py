@@ -8,6 +8,7 @@ written) come from two successive trainer reports. Pure.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -64,3 +65,17 @@ def compute_progress_events(old: Mapping[str, Any], new: Mapping[str, Any]) -> l
             _event(Reason.CHECKPOINT_WRITTEN.value, f"checkpoint of step {checkpoint['step']} at {checkpoint.get('path', '?')}")
         )
     return events
+
+
+def compute_refused_status_event(status: Mapping[str, Any], reply: str) -> Event:
+    """The API server refused our status patch (422): the stored object breaks the CRD's schema (it was
+    written past validation, or stored under an older schema) and no status of it can be saved. So an
+    Event says what the status would have said, with the server's own words."""
+    try:
+        words = json.loads(reply).get("message") or reply
+    except (ValueError, AttributeError):
+        words = reply
+    failed = status.get("phase") == Phase.FAILED.value and status.get("reason")
+    reason = status["reason"] if failed else Reason.INVALID_SPEC.value
+    what = f"{status.get('message')}; " if failed else ""
+    return _event(reason, f"{what}the API server refuses to store this job's status ({words}); fix or recreate the object")

@@ -20,7 +20,7 @@ from ppo_operator import names
 from ppo_operator.builders.common import BuildOptions
 from ppo_operator.builders.rbac import build_role, build_role_binding, build_service_account
 from ppo_operator.decisions import Policy
-from ppo_operator.events import Event, compute_events, compute_progress_events
+from ppo_operator.events import Event, compute_events, compute_progress_events, compute_refused_status_event
 from ppo_operator.gang import GroupResource
 from ppo_operator.job import Job
 from ppo_operator.kube import Kube, KubeError
@@ -57,6 +57,8 @@ class JobMemory:
     references_checked: int | None = None
     reference_problem: str | None = None
     progress_seen: Mapping[str, Any] | None = None
+    refused_generation: int | None = None
+    """The generation whose status the API server refused to store (told once in an Event)."""
 
 
 def freshest(body: Mapping[str, Any], written: Mapping[str, Any] | None) -> Mapping[str, Any]:
@@ -93,7 +95,13 @@ class Reconciler:
         now = self.clock()
         status = compute_status(job, observed, now, policy=self.policy)
         if status_changed(job, status):
-            memory.last_written = await self.kube.patch_status(PPOJOBS, job.namespace, job.name, status_patch(job, status))
+            try:
+                memory.last_written = await self.kube.patch_status(PPOJOBS, job.namespace, job.name, status_patch(job, status))
+            except KubeError as exc:
+                if exc.status != 422:
+                    raise
+                self.tell_refused(job, status, exc.body, memory)
+                return None  # act on no decision that cannot be recorded; a change of the object retries
         self.tell(job, status, memory)
         plan = plan_actions(job, status, observed, now, policy=self.policy, options=self.options)
         launched = await self.apply(job, plan, memory)
@@ -127,6 +135,12 @@ class Reconciler:
             if name and not await self.kube.exists(resource, job.namespace, name):
                 return f"{field}: {resource.kind} {name!r} not found in namespace {job.namespace}; create it or fix the name"
         return None
+
+    def tell_refused(self, job: Job, status: Mapping[str, Any], reply: str, memory: JobMemory) -> None:
+        """Once per generation: the status that cannot be stored, as a Warning Event."""
+        if memory.refused_generation != job.generation:
+            memory.refused_generation = job.generation
+            self.post_event(job, compute_refused_status_event(status, reply))
 
     def tell(self, job: Job, status: Mapping[str, Any], memory: JobMemory) -> None:
         events = compute_events(operator_status(job.status), status)

@@ -625,6 +625,13 @@ class LocalCluster:
         self._post_json(f"{url}/compaction", {"revision": revision, "physical": True})
         return revision
 
+    def etcd_put(self, key: str, value: bytes) -> int:
+        """Write a value straight into etcd, past the API server's validation and admission (e.g. an
+        object under /registry/<group>/<plural>/<namespace>/<name>, in the storage's JSON encoding).
+        Returns the revision (the object's resourceVersion)."""
+        body = {"key": base64.b64encode(key.encode()).decode(), "value": base64.b64encode(value).decode()}
+        return int(self._post_json(f"http://{HOST}:{PORTS['etcd']}/v3/kv/put", body)["header"]["revision"])
+
     @staticmethod
     def _post_json(url: str, body: dict) -> dict:
         """etcd's JSON gateway of its gRPC API (plain http on loopback)."""

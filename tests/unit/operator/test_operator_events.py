@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ppo_operator.events import Event, compute_events, compute_progress_events
+from ppo_operator.events import Event, compute_events, compute_progress_events, compute_refused_status_event
 
 
 def test_phase_change_and_gang_scheduled_become_events_in_story_order():
@@ -35,3 +35,19 @@ def test_progress_events_for_warmup_steps_and_checkpoints():
         Event("Normal", "CheckpointWritten", "checkpoint of step 2 at /c/2"),
     ]
     assert compute_progress_events(new, new) == []
+
+
+def test_a_refused_status_of_an_invalid_spec_becomes_an_invalid_spec_warning_with_the_servers_words():
+    status = {"phase": "Failed", "reason": "InvalidSpec", "message": "spec.ppo.numRollouts: not an integer"}
+    reply = '{"kind":"Status","message":"PPOJob \\"bad\\" is invalid: expected int, got string","code":422}'
+    assert compute_refused_status_event(status, reply) == Event(
+        "Warning", "InvalidSpec",
+        "spec.ppo.numRollouts: not an integer; the API server refuses to store this job's status"
+        " (PPOJob \"bad\" is invalid: expected int, got string); fix or recreate the object",
+    )
+
+
+def test_a_refused_status_of_a_spec_the_operator_accepts_is_still_an_invalid_spec_warning():
+    event = compute_refused_status_event({"phase": "Pending", "reason": "Created", "message": "creating"}, "not json")
+    assert (event.type, event.reason) == ("Warning", "InvalidSpec")
+    assert event.message == "the API server refuses to store this job's status (not json); fix or recreate the object"

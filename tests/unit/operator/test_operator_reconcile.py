@@ -9,6 +9,7 @@ from operator_factory import NOW, cluster, make_ppojob, pod_group, pods
 
 from ppo_operator.builders.common import BuildOptions
 from ppo_operator.decisions import Policy
+from ppo_operator.kube import KubeError
 from ppo_operator.observed import TrainerRecord, TrainerState
 from ppo_operator.reconcile import Children, JobMemory, Reconciler, freshest
 
@@ -123,3 +124,20 @@ def test_our_own_write_wins_until_the_watch_catches_up():
     assert freshest(stale, written) is written
     newer = {**stale, "metadata": {**stale["metadata"], "resourceVersion": "102"}}
     assert freshest(newer, written) is newer and freshest(stale, None) is stale
+
+
+def test_a_status_the_api_server_refuses_is_told_once_in_an_event_and_nothing_is_created():
+    body = make_ppojob(ppo={"numRollouts": "many"})
+    reconciler, kube, _, events = make(body)
+
+    async def refuse(resource, namespace, name, patch):
+        kube.calls.append(("patch", "status", name))
+        raise KubeError(422, "Unprocessable Entity", '{"message": "spec: invalid data, expected int, got string"}')
+
+    kube.patch_status = refuse
+    memory = JobMemory(progress_seen={})
+    assert asyncio.run(reconciler.reconcile(body, Children(), memory)) is None
+    assert asyncio.run(reconciler.reconcile(body, Children(), memory)) is None  # woken again: told once
+    assert kube.calls == [("patch", "status", "tiny")] * 2
+    assert [(e.type, e.reason) for e in events] == [("Warning", "InvalidSpec")]
+    assert events[0].message.startswith("spec.ppo.numRollouts: ") and "expected int, got string" in events[0].message
