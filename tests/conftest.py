@@ -17,10 +17,22 @@ import pytest
 from local_cluster import LocalCluster
 
 
+def _ppojob_crd_stuck(cluster: LocalCluster) -> bool:
+    """The PPOJob CRD is being deleted (a chart uninstall) and cannot finish: PPOJobs still carry the
+    operator's finalizer, left by operators killed in an earlier session, some of them in namespaces
+    already gone, where no API call can reach them. No PPOJob can be created until it finishes."""
+    found = cluster.kubectl("get", "crd", "ppojobs.ppojob.io", "-o", "jsonpath={.metadata.deletionTimestamp}",
+                            check=False)
+    return found.returncode == 0 and bool(found.stdout.strip())
+
+
 @pytest.fixture(scope="session")
 def local_cluster():
     """A ready LocalCluster: .kubeconfig, .bin_dir, .kubectl(*args), .helm(*args), .env(), ..."""
     running = LocalCluster.running()
+    if running is not None and _ppojob_crd_stuck(running):
+        running.stop()  # a fresh start wipes etcd's data: the stuck objects go with it
+        running = None
     if running is not None:
         yield running
         return
