@@ -150,7 +150,7 @@ def run_backend(kind: str, spec: PPOJobSpec, prompts: list[list[int]], steps: in
     built = time.perf_counter()
     engine = TorchRolloutEngine(model_spec=spec.model, device="cuda", seed=spec.seed, dtype=spec.model.dtype,
                                 eos_token_id=EOS, pad_token_id=EOS)
-    common = {"rank": 0, "world_size": 1, "device": "cuda", "offload": True}
+    common = {"rank": 0, "world_size": 1, "device": "cuda", "offload": True, "shared_process": True}
     actor, critic, ref = ActorWorker(spec, **common), CriticWorker(spec, **common), RefWorker(spec, **common)
     build_seconds = time.perf_counter() - built
     for worker, name in ((actor, "actor"), (critic, "critic"), (ref, "ref")):
@@ -185,6 +185,7 @@ def run_backend(kind: str, spec: PPOJobSpec, prompts: list[list[int]], steps: in
         sync()
         sync_seconds = time.perf_counter() - sync_started
         step_seconds = time.perf_counter() - started
+        probe = wake_probe(engine)
         stages: dict[str, dict] = {}
         for record in recorder.records:
             entry = stages.setdefault(record["stage"], {"seconds": 0.0, "calls": 0})
@@ -204,14 +205,40 @@ def run_backend(kind: str, spec: PPOJobSpec, prompts: list[list[int]], steps: in
         results.append({
             "step": step, "seconds": step_seconds, "generated_tokens": int(batch.num_response_tokens),
             "response_length": batch.response_length, "generate_timing": timing, "stages": stages,
-            "actor": {k: actor_stats[k] for k in ("loss", "grad_norm", "kl")},
+            "actor": {k: actor_stats[k] for k in ("loss", "grad_norm", "kl")}, "wake_probe": probe,
         })
         print(f"[{kind}] step {step}: {step_seconds:.2f}s, {batch.num_response_tokens} tokens, "
-              + ", ".join(f"{k} {v['seconds']:.2f}" for k, v in stages.items()), flush=True)
+              + ", ".join(f"{k} {v['seconds']:.2f}" for k, v in stages.items())
+              + "; wake probe GB/s " + ", ".join(f"{k} {v:.1f}" for k, v in probe.items()), flush=True)
     del actor, critic, ref, engine
     gc.collect()
     torch.cuda.empty_cache()
     return {"backend": kind, "build_seconds": build_seconds, "steps": results}
+
+
+def wake_probe(engine) -> dict:
+    """After the step (outside its timing): the engine's parked host buffer copied again into the
+    device buffer the wake just filled, and into a fresh allocation, in GB/s. Tells whether a slow
+    wake is the host buffer, fresh device memory, or the moment it ran at."""
+    mirror = engine._mirror
+    host, woken = mirror._host, mirror._device_flat
+    if host is None or woken is None:
+        return {}
+
+    def gb_s(target: torch.Tensor) -> float:
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        target.copy_(host, non_blocking=True)
+        end.record()
+        end.synchronize()
+        return host.nbytes / (begin.elapsed_time(end) / 1e3) / 1e9
+
+    same = gb_s(woken)
+    fresh = torch.empty_like(woken)
+    result = {"wake_gb_s": mirror.last_transfer["bytes"] / max(mirror.last_transfer["seconds"], 1e-9) / 1e9,
+              "same_buffer_gb_s": same, "fresh_buffer_gb_s": gb_s(fresh), "fresh_again_gb_s": gb_s(fresh)}
+    del fresh
+    return result
 
 
 def ray_handoff(rows: int, cols: int, repeats: int = 4) -> dict | None:

@@ -1,4 +1,4 @@
-"""Data parallelism of a training role: its ranks form torch.distributed's default group while awake.
+"""The process group of a training role's ranks: torch.distributed's default group while awake.
 
 Rank 0 hosts a rendezvous store on a port the OS picks (`host`) and the caller publishes that
 address to every rank (`attach`; the roles pass it through Ray). The store lives as long as the
@@ -7,7 +7,13 @@ key prefix, one per build, so a rank never meets the keys of an earlier group, a
 destroys it, so a sleeping role holds no communicator (the seed framework destroys its groups
 before offloading and rebuilds them after). Both are collective (every rank of the role makes
 them together; one that does not come fails the others after `timeout_s`) and are the two
-transitions of a `Residency` (Connected/Disconnected), reported like every other.
+transitions of a `Residency` (Connected/Disconnected), reported like every other. A backend that
+builds groups of its own on top of the default one (megatron's model-parallel groups) hooks in
+with `on_connect` (after the build) and `on_disconnect` (before the destroy).
+
+Objects built while a group lived keep references to it (megatron's layers, DDP buckets and
+optimizer do); `repoint_process_groups` walks such objects and replaces every destroyed group by
+its rebuilt twin, matched by `group_key` (the group's description and ranks).
 
 `average_gradients` is what a backend calls between backward and the optimizer step: it
 averages the gradients over the default group, and does nothing when there is none. Depends on
@@ -17,7 +23,7 @@ torch and the offload state machine only; never on Ray or the PPO loop.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 import torch
 import torch.distributed as dist
@@ -32,14 +38,15 @@ def process_group_backend(device: str) -> str:
     return "nccl" if str(device).startswith("cuda") else "gloo"
 
 
-class DataParallelGroup:
-    """Rank `rank` of a role's `world_size` data-parallel ranks."""
+class RoleProcessGroup:
+    """Rank `rank` of a role's `world_size` ranks (one rank is a group too: a megatron role needs one)."""
 
     def __init__(
-        self, *, role: str, rank: int, world_size: int, device: str, listener: Listener | None = None, timeout_s: float = 300.0
+        self, *, role: str, rank: int, world_size: int, device: str, listener: Listener | None = None,
+        timeout_s: float = 300.0,
     ) -> None:
-        if world_size < 2:
-            raise ValueError(f"a data-parallel group needs at least 2 ranks, got world_size={world_size}")
+        if world_size < 1:
+            raise ValueError(f"a process group needs at least 1 rank, got world_size={world_size}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside 0..{world_size - 1}")
         self.role = role
@@ -47,7 +54,9 @@ class DataParallelGroup:
         self.world_size = world_size
         self.backend = process_group_backend(device)
         self.timeout = datetime.timedelta(seconds=timeout_s)
-        self.residency = Residency.for_link(f"{role}.data_parallel", rank=rank, listener=listener)
+        self.residency = Residency.for_link(f"{role}.process_group", rank=rank, listener=listener)
+        self.on_connect: Callable[[], None] | None = None
+        self.on_disconnect: Callable[[], None] | None = None
         self._store: dist.Store | None = None
         self._builds = 0
 
@@ -55,10 +64,14 @@ class DataParallelGroup:
     def connected(self) -> bool:
         return self.residency.awake
 
+    @property
+    def has_rendezvous(self) -> bool:
+        return self._store is not None
+
     def host(self, address: str) -> tuple[str, int]:
         """Rank 0: serve the rendezvous store on `address` and a free port; returns (address, port) to publish."""
         if self.rank != 0:
-            raise ValueError(f"{self.role}[{self.rank}]: only rank 0 hosts the data-parallel store")
+            raise ValueError(f"{self.role}[{self.rank}]: only rank 0 hosts the process group's store")
         if self._store is None:
             self._store = dist.TCPStore(address, 0, self.world_size, True, timeout=self.timeout, wait_for_workers=False)
         return address, int(self._store.port)
@@ -74,24 +87,119 @@ class DataParallelGroup:
 
     def disconnect(self) -> bool:
         """Destroy the group (a no-op when not connected)."""
-        return self.residency.sleep(dist.destroy_process_group)
+        return self.residency.sleep(self._destroy)
 
     def _build(self) -> None:
         if self._store is None:
             raise RuntimeError(
-                f"{self.role}[{self.rank}]: the data-parallel group has no rendezvous yet: rank 0 must host() it "
+                f"{self.role}[{self.rank}]: the process group has no rendezvous yet: rank 0 must host() it "
                 "and every rank attach() to it before the role wakes (roles/build.py does this after building the ranks)"
             )
         if dist.is_initialized():
             raise RuntimeError(
                 f"{self.role}[{self.rank}]: this process already has a default process group; the role's "
-                "data-parallel group must be the only one (destroy the other before waking the role)"
+                "group must be the only one (destroy the other before waking the role)"
             )
         self._builds += 1
-        store = dist.PrefixStore(f"{self.role}/data_parallel/{self._builds}/", self._store)
+        store = dist.PrefixStore(f"{self.role}/process_group/{self._builds}/", self._store)
         dist.init_process_group(
             self.backend, store=store, rank=self.rank, world_size=self.world_size, timeout=self.timeout
         )
+        if self.on_connect is not None:
+            self.on_connect()
+
+    def _destroy(self) -> None:
+        if self.on_disconnect is not None:
+            self.on_disconnect()
+        dist.destroy_process_group()
+
+
+GroupKey = tuple[str, tuple[int, ...]]
+
+
+def group_key(group: dist.ProcessGroup) -> GroupKey:
+    """What identifies a group across a rebuild: its description and its ranks (call it while it lives)."""
+    return group.group_desc, tuple(dist.get_process_group_ranks(group))
+
+
+def find_process_groups(roots: Iterable[object], *, packages: tuple[str, ...] = ("megatron.",)) -> list[dist.ProcessGroup]:
+    """Every process group that `roots` hold (see `repoint_process_groups` for what is walked)."""
+    found: dict[int, dist.ProcessGroup] = {}
+
+    def record(group: dist.ProcessGroup) -> dist.ProcessGroup:
+        found[id(group)] = group
+        return group
+
+    _walk(roots, record, packages)
+    return list(found.values())
+
+
+def repoint_process_groups(
+    roots: Iterable[object], old_keys: Mapping[int, GroupKey], new_groups: Mapping[GroupKey, dist.ProcessGroup],
+    *, packages: tuple[str, ...] = ("megatron.",),
+) -> int:
+    """Replace, inside `roots`, each group whose id is in `old_keys` by the group of `new_groups` with
+    the same key; returns how many references changed. Walked: lists, tuples, dicts (keys too),
+    sets, torch modules and optimizers, and objects of classes from `packages`. A held group with no
+    twin is an error; one held where the walk does not go (a slot, a closure) fails at its next
+    collective, as any use of a destroyed group does."""
+
+    def replace(group: dist.ProcessGroup) -> dist.ProcessGroup:
+        key = old_keys.get(id(group))
+        if key is None:
+            return group
+        if key not in new_groups:
+            raise RuntimeError(f"process group {key[0]!r} (ranks {list(key[1])}) was not rebuilt; nothing can replace it")
+        return new_groups[key]
+
+    return _walk(roots, replace, packages)
+
+
+def _walk(roots: Iterable[object], visit_group: Callable[[dist.ProcessGroup], dist.ProcessGroup], packages) -> int:
+    """Visit every process group reachable from `roots`, putting back what `visit_group` returns."""
+    seen: set[int] = set()
+    changed = 0
+
+    def descends(value: object) -> bool:
+        return isinstance(value, (torch.nn.Module, torch.optim.Optimizer)) or type(value).__module__.startswith(packages)
+
+    def visit(value):
+        nonlocal changed
+        if isinstance(value, dist.ProcessGroup):
+            new = visit_group(value)
+            changed += new is not value
+            return new
+        if isinstance(value, (torch.Tensor, str, bytes, int, float, bool, type(None))) or id(value) in seen:
+            return value
+        seen.add(id(value))
+        if isinstance(value, list):
+            value[:] = [visit(item) for item in value]
+        elif isinstance(value, tuple):
+            items = [visit(item) for item in value]
+            if any(new is not old for new, old in zip(items, value)):
+                return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+        elif isinstance(value, dict):
+            for key in list(value):
+                item = value[key]
+                new_key, new_item = visit(key), visit(item)
+                if new_key is not key:
+                    del value[key]
+                if new_key is not key or new_item is not item:
+                    value[new_key] = new_item
+        elif isinstance(value, set):
+            items = [visit(item) for item in value]
+            value.clear()
+            value.update(items)
+        elif descends(value) and hasattr(value, "__dict__"):
+            for name, item in list(vars(value).items()):
+                new = visit(item)
+                if new is not item:
+                    object.__setattr__(value, name, new)
+        return value
+
+    for root in roots:
+        visit(root)
+    return changed
 
 
 def average_gradients(parameters: Iterable[torch.nn.Parameter], *, bucket_bytes: int = BUCKET_BYTES) -> None:

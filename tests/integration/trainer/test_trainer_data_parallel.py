@@ -77,8 +77,8 @@ def test_data_parallel_ranks_stay_identical_and_equal_single_rank_training(ray_s
     for role in ("actor", "critic"):
         for rank in (0, 1):
             seen = [(t.role, t.to_state) for t in transitions if t.rank == rank and t.role.startswith(role)]
-            turn = [(role, "OnDevice"), (f"{role}.data_parallel", "Connected"),
-                    (f"{role}.data_parallel", "Disconnected"), (role, "Offloaded")]
+            turn = [(role, "OnDevice"), (f"{role}.process_group", "Connected"),
+                    (f"{role}.process_group", "Disconnected"), (role, "Offloaded")]
             turns = STEPS * (2 if role == "actor" else 1)  # the actor's log-probs and train; the critic's train
             assert seen == turn * turns, f"{role}[{rank}]"
 

@@ -34,3 +34,25 @@ def test_other_layouts_do_not_use_cuda_ipc(fields, use_gpus):
 def test_no_gpus_left_for_training_is_a_clear_error():
     with pytest.raises(PlacementError, match="no GPUs left for training"):
         compute_layout(spec(placement="Disaggregated", rollout={"gpus": 2}), use_gpus=True)
+
+
+def test_megatron_tensor_parallel_ranks_are_placed_one_per_gpu():
+    parallel = {"tensor": 2}
+    layout = compute_layout(spec(actor={"backend": "Megatron", "parallelism": parallel},
+                                 critic={"parallelism": parallel}), use_gpus=True)
+    assert (layout.train_ranks, layout.rollout_engines) == (2, 2)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"actor": {"parallelism": {"tensor": 2}}, "critic": {"parallelism": {"tensor": 2}}},
+         "Torch backend runs one device per rank"),
+        ({"actor": {"backend": "Megatron", "parallelism": {"pipeline": 2}},
+          "critic": {"parallelism": {"pipeline": 2}}}, "actor.parallelism.pipeline=2"),
+        ({"rollout": {"tensorParallel": 2}}, "rollout.tensorParallel to 1"),
+    ],
+)
+def test_parallelism_the_trainer_cannot_run_is_refused_naming_the_field(fields, message):
+    with pytest.raises(PlacementError, match=message):
+        compute_layout(spec(**fields), use_gpus=True)

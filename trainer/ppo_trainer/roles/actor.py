@@ -108,11 +108,14 @@ class ActorWorker(RoleWorker):
 
     def export_weights(self) -> dict[str, torch.Tensor]:
         """Rank 0: the policy's weights as CPU tensors (Colocate: they travel to the engines through Ray).
-        The other ranks, whose weights are the same, take their turn and return nothing."""
+        The other ranks take their turn (gathering tensor-parallel shards is collective) and return nothing."""
         with self.turn("export weights"):
+            weights = self.backend.named_weights()
             if self.rank != 0:
+                for _ in weights:  # take part in the gathers
+                    pass
                 return {}
-            return {name: tensor.detach().to("cpu", copy=True) for name, tensor in self.backend.named_weights()}
+            return {name: tensor.detach().to("cpu", copy=True) for name, tensor in weights}
 
     def share_weights(self):
         """Colocate on GPUs: wake and share this rank's weights with the engine on its GPU (CUDA IPC
@@ -139,6 +142,9 @@ class ActorWorker(RoleWorker):
             if self.link is not None:
                 self.link.require_awake("broadcast weights")
                 self._sync.broadcast(self.backend.named_weights())
+            else:
+                for _ in self.backend.named_weights():  # take part in the tensor-parallel gathers
+                    pass
 
     def link_state(self) -> str | None:
         return self.link.state if self.link is not None else None

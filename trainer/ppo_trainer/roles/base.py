@@ -4,10 +4,15 @@ A `RoleWorker` is a plain Python class (Ray turns it into an actor in `roles/gro
 use it in-process). It owns one rank's backend and its `Residency`; `turn(action)` wakes the
 rank, checks it is awake, runs the work, and puts it back to sleep when train-side offload is on,
 so actor, critic and reference take turns on the same devices. Every transition is recorded and
-handed to the driver by `drain_transitions`. With several ranks, the actor's and the critic's
-ranks form a data-parallel group (`distributed.py`) that is built right after they wake and
-destroyed right before they sleep; waking is then collective, so a multi-rank role is always
-called on all its ranks at once (`RoleGroup`). Backends are built by `build_backend`, the one place
+handed to the driver by `drain_transitions`. A role's ranks form a process group
+(`distributed.py`) that is built right after they wake and destroyed right before they sleep:
+with the Torch backend the actor's and critic's ranks when there are several (data parallelism);
+with Megatron every role, one rank included (its model-parallel groups live on that group, and
+are destroyed and rebuilt with it). Waking is then collective, so a multi-rank role is always
+called on all its ranks at once (`RoleGroup`). A Megatron rank builds its model only once the
+group exists (right away for one rank; at `join_process_group` for several). Megatron ranks are
+ordered tensor-parallel first: ranks 2i and 2i+1 of a tensor-parallel size 2 hold halves of one
+model and read the same rows (data rank i). Backends are built by `build_backend`, the one place
 that knows which backend class serves which `spec.actor.backend`. Must not depend on Ray.
 """
 
@@ -22,7 +27,7 @@ import torch
 
 from ppo_trainer.backends.base import TrainBackend
 from ppo_trainer.batch import RolloutBatch
-from ppo_trainer.distributed import DataParallelGroup
+from ppo_trainer.distributed import RoleProcessGroup
 from ppo_trainer.offload import Residency, Transition
 from ppojob_api.spec import PPOJobSpec
 from ppojob_api.vocabulary import TrainBackend as BackendKind
@@ -72,7 +77,11 @@ class RoleWorker:
 
     role = "role"
 
-    def __init__(self, spec: PPOJobSpec, *, rank: int, world_size: int, device: str, offload: bool) -> None:
+    def __init__(
+        self, spec: PPOJobSpec, *, rank: int, world_size: int, device: str, offload: bool, shared_process: bool = False
+    ) -> None:
+        """`shared_process`: this rank shares its process with other roles' ranks (the one-process GPU
+        benchmark); they then share one world of one rank that lives as long as the process."""
         use_all_cores(device)
         self.spec = spec
         self.rank = rank
@@ -81,49 +90,78 @@ class RoleWorker:
         self.offload = offload
         self._transitions: list[Transition] = []
         self.residency = Residency.for_train_role(self.role, rank=rank, listener=self._transitions.append)
-        self.data_parallel = None
-        if world_size > 1 and spec.actor.backend == BackendKind.MEGATRON:
+        megatron = spec.actor.backend == BackendKind.MEGATRON
+        model_parallel = spec.actor.parallelism.model_parallel_size if megatron else 1
+        if world_size % model_parallel:
             raise ValueError(
-                f"actor.backend Megatron runs one rank per role for now (got {world_size} ranks): set"
-                " resources.nodes * resources.gpusPerNode to 1, or use actor.backend Torch for data parallelism"
+                f"{self.role}: {world_size} ranks do not split into models of actor.parallelism.tensor * pipeline"
+                f" = {model_parallel} ranks; make the GPU count a multiple of it"
             )
-        if world_size > 1 and self.role in DATA_PARALLEL_ROLES:
-            self.data_parallel = DataParallelGroup(
+        self.data_rank, self.data_size = rank // model_parallel, world_size // model_parallel
+        self.process_group: RoleProcessGroup | None = None
+        if not shared_process and (megatron or (world_size > 1 and self.role in DATA_PARALLEL_ROLES)):
+            self.process_group = RoleProcessGroup(
                 role=self.role, rank=rank, world_size=world_size, device=device, listener=self._transitions.append
             )
-        self.backend = build_backend(spec, role=self.role, device=device)
-        if offload:
+        self.backend: TrainBackend | None = None
+        if megatron and self.process_group is not None:
+            if world_size == 1:  # its own rendezvous; with several ranks, join_process_group builds the model
+                self.process_group.host("127.0.0.1")
+                self._build_megatron()
+        else:
+            self._build_backend()
+
+    def _build_backend(self) -> None:
+        self.backend = build_backend(self.spec, role=self.role, device=self.device)
+        if self.offload:
+            self.sleep()
+
+    def _build_megatron(self) -> None:
+        """The model is built on the live group; the backend's groups then follow it through every sleep."""
+        self.process_group.connect()
+        self.backend = build_backend(self.spec, role=self.role, device=self.device)
+        self.process_group.on_connect = self.backend.attach_process_groups
+        self.process_group.on_disconnect = self.backend.release_process_groups
+        if self.offload:
             self.sleep()
 
     # Explicit transitions: idempotent (a second sleep is a no-op).
     def sleep(self) -> bool:
-        if self.data_parallel is not None:
-            self.data_parallel.disconnect()  # before the role sleeps: a sleeping role holds no communicator
-        return self.residency.sleep(self.backend.offload)
+        if self.process_group is not None:
+            self.process_group.disconnect()  # before the role sleeps: a sleeping role holds no communicator
+        return self.residency.sleep(self._require_backend().offload)
 
     def wake(self) -> bool:
-        changed = self.residency.wake(self.backend.onload)
-        if self.data_parallel is not None:
-            self.data_parallel.connect()  # after it wakes, together with the role's other ranks
+        changed = self.residency.wake(self._require_backend().onload)
+        if self.process_group is not None:
+            self.process_group.connect()  # after it wakes, together with the role's other ranks
         return changed
 
-    # The data-parallel group's rendezvous, set up once by the driver (RoleGroup.setup_data_parallel).
-    def host_data_parallel(self, address: str) -> tuple[str, int]:
-        return self._require_data_parallel().host(address)
+    # The process group's rendezvous, set up once by the driver (RoleGroup.setup_process_group).
+    def host_process_group(self, address: str) -> tuple[str, int] | None:
+        """Rank 0 of a role whose ranks need a rendezvous: serve it; None when there is nothing to set up."""
+        if self.process_group is None or self.process_group.has_rendezvous:
+            return None
+        return self.process_group.host(address)
 
-    def join_data_parallel(self, address: str, port: int) -> None:
-        """Attach to rank 0's store; an awake rank builds the group now (every rank is called at once)."""
-        group = self._require_data_parallel()
-        group.attach(address, port)
-        if self.residency.awake:
-            group.connect()
+    def join_process_group(self, address: str, port: int) -> None:
+        """Attach to rank 0's store; an awake rank builds the group now, a Megatron rank its model
+        (every rank is called at once)."""
+        if self.process_group is None:
+            raise RuntimeError(f"{self.role}[{self.rank}] has no process group to join")
+        self.process_group.attach(address, port)
+        if self.backend is None:
+            self._build_megatron()
+        elif self.residency.awake:
+            self.process_group.connect()
 
-    def _require_data_parallel(self) -> DataParallelGroup:
-        if self.data_parallel is None:
+    def _require_backend(self) -> TrainBackend:
+        if self.backend is None:
             raise RuntimeError(
-                f"{self.role}[{self.rank}] has no data-parallel group (a single rank, or a role that does not train)"
+                f"{self.role}[{self.rank}]: the model is built once the role's ranks have joined their process"
+                " group (RoleGroup.setup_process_group, called by roles/build.py)"
             )
-        return self.data_parallel
+        return self.backend
 
     def state(self) -> str:
         return self.residency.state
@@ -144,10 +182,10 @@ class RoleWorker:
                 self.sleep()
 
     def shard(self, parts: tuple[RolloutBatch, ...]) -> RolloutBatch:
-        """This rank's rows of the step's batch (the engines' parts merged, then rows rank::world)."""
+        """This rank's rows of the step's batch (the engines' parts merged, then rows data_rank::data_size)."""
         from ppo_trainer.roles.rollout import merge_batches
 
-        return merge_batches(list(parts)).shard(self.rank, self.world_size)
+        return merge_batches(list(parts)).shard(self.data_rank, self.data_size)
 
     def log_probs(self, *parts: RolloutBatch) -> torch.Tensor:
         """[B_rank, T] float32 CPU log-probs of the sampled tokens under this rank's policy."""

@@ -28,7 +28,7 @@ from ppo_trainer.roles.group import RoleGroup
 from ppo_trainer.roles.ref import RefWorker
 from ppo_trainer.roles.rollout import RolloutWorker
 from ppojob_api.spec import PPOJobSpec
-from ppojob_api.vocabulary import Placement
+from ppojob_api.vocabulary import Placement, TrainBackend
 from ppojob_api.vocabulary import RolloutEngine as EngineKind
 
 logger = logging.getLogger(__name__)
@@ -71,11 +71,19 @@ class Layout:
 def compute_layout(spec: PPOJobSpec, *, use_gpus: bool, cpu_ranks: int = 1) -> Layout:
     """Training ranks and engines: from the spec's GPUs on a GPU cluster, `cpu_ranks` and one engine on CPUs."""
     colocate = spec.placement == Placement.COLOCATE
-    if spec.actor.parallelism.model_parallel_size != 1 or spec.rollout.tensor_parallel != 1:
+    parallel = spec.actor.parallelism
+    if parallel.model_parallel_size != 1 and spec.actor.backend != TrainBackend.MEGATRON:
         raise PlacementError(
-            "the Torch backend and engine run one device per rank: set actor.parallelism, critic.parallelism "
-            "and rollout.tensorParallel to 1 (tensor and pipeline parallelism need the Megatron backend)"
+            "the Torch backend runs one device per rank: set actor.parallelism and critic.parallelism to 1,"
+            " or use actor.backend Megatron for tensor parallelism"
         )
+    if parallel.pipeline != 1:
+        raise PlacementError(
+            f"actor.parallelism.pipeline={parallel.pipeline}: the Megatron backend runs pipeline size 1 only"
+            " (its train loop has no pipeline schedule); use tensor parallelism instead"
+        )
+    if spec.rollout.tensor_parallel != 1:
+        raise PlacementError("the rollout engines run one device each for now: set rollout.tensorParallel to 1")
     if use_gpus:
         train_gpus = spec.resources.total_gpus - (0 if colocate else spec.rollout.gpus)
         if train_gpus < 1:
@@ -205,9 +213,9 @@ def build_roles(spec: PPOJobSpec, layout: Layout, *, timeout: float, builtin_sgl
     )
     try:
         ray.get([h.state.remote() for g in roles.groups for h in g.handles])  # constructors done
-        for trained in (roles.actor, roles.critic):
-            if trained is not None:
-                trained.setup_data_parallel()
+        for group in (roles.actor, roles.critic, roles.ref):
+            if group is not None:
+                group.setup_process_group()
     except BaseException:
         roles.shutdown()  # no server or placement group outlives a failed build
         raise

@@ -5,8 +5,8 @@ ObjectRefs without waiting. An argument wrapped in `PerRank` (a list with one en
 as every group call returns) is split so that rank i gets entry i; everything else goes to every
 rank. Top-level ObjectRef arguments are resolved by Ray before the task runs, so a rank of the
 actor receives the critic's output for the same rank while the driver only ever holds refs.
-`setup_data_parallel` publishes the rendezvous address of a training role's data-parallel group:
-rank 0 hosts it on its node and every rank attaches to it.
+`setup_process_group` publishes the rendezvous address of a role's process group: rank 0 hosts
+it on its node and every rank attaches to it (a Megatron rank then builds its model on it).
 """
 
 from __future__ import annotations
@@ -61,14 +61,14 @@ class RoleGroup:
             kwargs["external_data"] = external_data
         return self.async_call("train", *args, num_returns=num_returns, **kwargs)
 
-    def setup_data_parallel(self) -> None:
-        """Rank 0 hosts the group's store on its node; every rank attaches (awake ranks build the group)."""
-        if self.world_size == 1:
-            return
+    def setup_process_group(self) -> None:
+        """Rank 0 hosts the group's store on its node; every rank attaches (awake ranks build the group).
+        Nothing to do for a role without one, or one whose single rank set up its own."""
         leader = self.handles[0]
         host = ray.get(leader.__ray_call__.remote(lambda _worker: ray.util.get_node_ip_address()))
-        address = ray.get(leader.host_data_parallel.remote(host))
-        self.call("join_data_parallel", *address)
+        address = ray.get(leader.host_process_group.remote(host))
+        if address is not None:
+            self.call("join_process_group", *address)
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Run `method` on every rank and wait for the results."""

@@ -17,7 +17,9 @@ a buffer (parameters, optimizer shards) stays valid; the gradient buffers are fr
 copy, since `train` zeroes them before use. Runs on CUDA only (megatron's RNG tracker and
 buffers). Written against the API megatron-core 0.16.1 and 0.19.2 share. Tensor parallelism
 follows the spec (weights sharded on load, gathered for export); pipeline parallelism > 1 is
-refused. Must not depend on Ray or the PPO loop.
+refused. When the role's process group is destroyed around a sleep, `release_process_groups` and
+`attach_process_groups` take megatron's groups down and up with it, re-pointing the references
+the layers, DDP buckets and optimizer keep. Must not depend on Ray or the PPO loop.
 """
 
 from __future__ import annotations
@@ -47,15 +49,18 @@ from ppo_trainer.backends.megatron import conversion
 from ppo_trainer.backends.megatron.attention import layer_spec
 from ppo_trainer.backends.megatron.config import gpt_model_kwargs, transformer_config_kwargs
 from ppo_trainer.batch import RolloutBatch
+from ppo_trainer.distributed import GroupKey, find_process_groups, group_key, repoint_process_groups
 from ppo_trainer.models.builtin import resolve_dtype, resolve_model_dir, tiny_config
 from ppo_trainer.rollout.layout import aligned_rows
 from ppojob_api.spec import ModelSpec
 
 
-def ensure_parallel_state(*, tensor: int, pipeline: int, seed: int) -> None:
-    """torch.distributed (NCCL) and megatron's model-parallel groups, created once per process.
+def ensure_parallel_state(*, tensor: int, pipeline: int, seed: int | None) -> None:
+    """torch.distributed (NCCL) and megatron's model-parallel groups, when the process has none yet.
 
-    A launcher's MASTER_ADDR/RANK/WORLD_SIZE are used when set; otherwise a world of one.
+    The default group is the caller's when it exists (a role's `RoleProcessGroup`), else built from
+    a launcher's MASTER_ADDR/RANK/WORLD_SIZE when set, else a world of one. `seed` seeds megatron's
+    CUDA RNG tracker (None: leave it, as when groups are rebuilt after a sleep).
     """
     if pipeline != 1:
         raise ValueError(
@@ -77,7 +82,19 @@ def ensure_parallel_state(*, tensor: int, pipeline: int, seed: int) -> None:
             raise ValueError(f"this process already runs tensor parallel size {have}; a backend asked for {tensor}")
     else:
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=tensor, pipeline_model_parallel_size=pipeline)
-    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+    if seed is not None:
+        tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+def megatron_process_groups() -> dict[GroupKey, dist.ProcessGroup]:
+    """The groups megatron's parallel state holds now (and the default one), by `group_key`.
+    Two groups of the same name and ranks would be interchangeable: the first is kept."""
+    found: dict[GroupKey, dist.ProcessGroup] = {}
+    for value in [dist.group.WORLD, *vars(parallel_state).values()]:
+        for group in value if isinstance(value, list) else [value]:
+            if isinstance(group, dist.ProcessGroup):
+                found.setdefault(group_key(group), group)
+    return found
 
 
 class ValueHead(torch.nn.Module):
@@ -205,6 +222,12 @@ class MegatronBackend:
             from transformers import AutoConfig
 
             hf_config = AutoConfig.from_pretrained(str(directory), local_files_only=True)
+        if hf_config.vocab_size % tensor_parallel:
+            raise ValueError(
+                f"the model's vocabulary ({hf_config.vocab_size} tokens) does not split evenly over"
+                f" actor.parallelism.tensor={tensor_parallel}: pad it to a multiple (resize_token_embeddings)"
+                " or choose a tensor-parallel size that divides it"
+            )
         self.shape = conversion.Shape.from_hf_config(hf_config, value_head=self.is_value_model)
         self.config = TransformerConfig(
             **transformer_config_kwargs(hf_config, tensor=tensor_parallel, pipeline=pipeline_parallel, dtype=self.dtype),
@@ -226,6 +249,7 @@ class MegatronBackend:
         module = Float16Module(self.config, self.gpt) if self.half else self.gpt
         self.optimizer = None
         self.offloaded = False
+        self._held_groups: dict[int, GroupKey] = {}
         self.last_transfer: dict = {"direction": None, "bytes": 0, "seconds": 0.0, "sync_seconds": 0.0}
         self._parking = _Parking()
         self._resident: list[tuple[object, torch.Tensor, bool]] = []
@@ -339,6 +363,22 @@ class MegatronBackend:
         return {key: torch.where(mask, F.pad(value, (0, t - kept)), zero) for key, value in outputs.items()}
 
     # ----- residency ---------------------------------------------------------------------------
+
+    def release_process_groups(self) -> None:
+        """Before the default group is destroyed (the role goes to sleep): megatron drops its groups;
+        which ones the model and optimizer hold is remembered, to re-point them after the rebuild."""
+        self._held_groups = {id(g): group_key(g) for g in find_process_groups(self._group_holders())}
+        parallel_state.destroy_model_parallel()
+
+    def attach_process_groups(self) -> None:
+        """After the default group is rebuilt (the role woke): megatron's groups again, and every
+        reference the model and optimizer hold re-pointed from the destroyed groups to them."""
+        ensure_parallel_state(tensor=self.tp_size, pipeline=1, seed=None)
+        repoint_process_groups(self._group_holders(), self._held_groups, megatron_process_groups())
+        self._held_groups = {}
+
+    def _group_holders(self) -> list[object]:
+        return [self.model, self.gpt, self.optimizer]
 
     def offload(self) -> None:
         """Parameters and optimizer state to pinned host memory, gradient buffers freed; no-op when offloaded."""
