@@ -2,7 +2,8 @@
 
     helm install the chart -> the operator runs with exactly the chart's RBAC -> kubectl apply the
     tiny PPOJob -> gang-scheduled pods on fake GPU nodes -> a real trainer on this CPU reports
-    warm-up k/N, training and offload states -> Succeeded -> kubectl delete -> helm uninstall.
+    warm-up k/N, training and offload states -> Succeeded -> kubectl delete -> helm uninstall (which
+    keeps the PPOJob CRD: crds.keep) -> kubectl delete crd, the documented last step (docs/chart.md).
 
 The local cluster's pods run no containers (KWOK), so the chart's operator Deployment gets a fake
 pod; the real operator runs here as a process that authenticates with a token of the chart's
@@ -33,8 +34,10 @@ REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "ppojob-operator"
 EXAMPLE = REPO / "examples" / "tiny-ppojob.yaml"
 RELEASE, OPERATOR_NAMESPACE, JOB_NAMESPACE = "ppojob", "ppojob-system", "ppo-demo"
+PPOJOB_CRD = "ppojobs.ppojob.io"
 OPERATOR_SA = f"{RELEASE}-ppojob-operator"
 FINISHED = ("Succeeded", "Failed")
+CRD_RESOURCE = "customresourcedefinition.apiextensions.k8s.io"
 
 
 class StoryError(RuntimeError):
@@ -222,23 +225,44 @@ class Story:
             self._watch.terminate()
 
     def uninstall(self) -> dict[str, list[str]]:
+        """helm uninstall: what is left of the release besides the PPOJob CRD, which the chart keeps."""
         self.say(f"helm uninstall {RELEASE}")
-        self.cluster.helm("uninstall", RELEASE, "--namespace", OPERATOR_NAMESPACE, "--ignore-not-found", "--wait",
-                          "--timeout", "120s")
+        self.snapshots["helm-uninstall"] = self.cluster.helm(
+            "uninstall", RELEASE, "--namespace", OPERATOR_NAMESPACE, "--ignore-not-found", "--wait",
+            "--timeout", "120s").stdout
         left = {}
         for kind in ("deployments", "serviceaccounts", "roles", "rolebindings", "clusterroles",
-                     "clusterrolebindings", "crds"):
+                     "clusterrolebindings", "crds", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"):
             names = self.kubectl("get", kind, "-A", "-l", f"app.kubernetes.io/instance={RELEASE}", "-o", "name",
                                  check=False).split()
             if names:
                 left[kind] = names
         crds = self.kubectl("get", "crds", "-o", "name").split()
-        left_crds = [c for c in crds if c.endswith(("ppojob.io", "kopf.dev"))]
+        left_crds = [c for c in crds if c.endswith(("ppojob.io", "kopf.dev")) and c != f"{CRD_RESOURCE}/{PPOJOB_CRD}"]
         if left_crds:
             left["crds"] = left_crds
-        self.say("helm uninstall left nothing behind" if not left else f"left behind: {left}")
+        kept = self.kubectl("get", "crd", PPOJOB_CRD, "--ignore-not-found", "-o",
+                            "jsonpath={.metadata.name}/{.metadata.deletionTimestamp}").strip()
+        if kept != f"{PPOJOB_CRD}/":
+            left["kept-crd"] = [f"{PPOJOB_CRD} should be kept, not deleted: found {kept or 'nothing'}"]
+        self.say("helm uninstall kept the PPOJob CRD and left nothing else behind" if not left
+                 else f"left behind: {left}")
         self.kubectl("delete", "namespace", JOB_NAMESPACE, "--wait=false", check=False)
         return left
+
+    def delete_crd(self) -> dict[str, list[str]]:
+        """The documented last step: kubectl delete crd, once no PPOJob is left anywhere (else it would
+        hang Terminating on their finalizers); what is left."""
+        jobs = self.kubectl("get", "ppojobs", "-A", "-o", "name", check=False).split()
+        if jobs:
+            self.say(f"not deleting the CRD: PPOJobs are left in the cluster: {jobs[:5]}")
+            return {"ppojobs": jobs}
+        self.say(f"kubectl delete crd {PPOJOB_CRD}")
+        self.kubectl("delete", "crd", PPOJOB_CRD, "--ignore-not-found", "--timeout", "60s")
+        if self.kubectl("get", "crd", PPOJOB_CRD, "--ignore-not-found", "-o", "name").strip():
+            return {"crds": [PPOJOB_CRD]}
+        self.say("the PPOJob CRD is gone: nothing of the chart is left")
+        return {}
 
     def run(self, *, clean_up: bool = True) -> dict:
         """Install, run the job to its end, capture; with clean_up, delete the job and uninstall.
@@ -264,7 +288,8 @@ class Story:
         return status
 
     def clean_up(self) -> dict[str, list[str]]:
-        """Delete the job (the operator still running), stop the operator, uninstall; what was left."""
+        """The documented teardown (docs/chart.md): delete the job (the operator still running), stop
+        the operator, helm uninstall (the PPOJob CRD is kept), delete the CRD; what was left."""
         left = {}
         try:
             self.delete_job()
@@ -273,6 +298,8 @@ class Story:
         finally:
             self.stop_operator()
         left.update(self.uninstall())
+        if "kept-crd" not in left:
+            left.update(self.delete_crd())
         return left
 
 

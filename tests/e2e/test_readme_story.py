@@ -1,4 +1,5 @@
-"""End to end: the README's story on the local cluster (helm, kubectl, operator, real trainer)."""
+"""End to end: the README's story on the local cluster (helm, kubectl, operator, real trainer), through
+the documented teardown: kubectl delete, helm uninstall (the PPOJob CRD is kept), kubectl delete crd."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ def test_readme_story_from_helm_install_to_helm_uninstall(local_cluster, tmp_pat
         # The phases a person sees, in order: warm-up before training, then success.
         notes = story.snapshots["helm-install"]
         assert "kubectl get ppojobs -w" in notes and "kubectl describe ppojob" in notes, notes
+        assert "kubectl delete ppojobs --all -A" in notes and "kubectl delete crd ppojobs.ppojob.io" in notes, notes
         seen = story.phases_seen
         assert seen.index("CriticWarmup") < seen.index("Training") < seen.index("Succeeded"), seen
 
@@ -43,3 +45,11 @@ def test_readme_story_from_helm_install_to_helm_uninstall(local_cluster, tmp_pat
         left = story.clean_up()
     assert left == {}, left
     assert story.children_left() == {}
+    # helm uninstall kept the PPOJob CRD (crds.keep) and nothing else; the story then deleted it.
+    uninstall = story.snapshots["helm-uninstall"]
+    assert "kept due to the resource policy" in uninstall and "ppojobs.ppojob.io" in uninstall, uninstall
+    steps = [text for _, text in story.timeline]
+    kept = steps.index("helm uninstall kept the PPOJob CRD and left nothing else behind")
+    assert steps[kept + 1:] == ["kubectl delete crd ppojobs.ppojob.io",
+                                "the PPOJob CRD is gone: nothing of the chart is left"], steps[kept:]
+    assert not story.kubectl("get", "crd", "ppojobs.ppojob.io", "--ignore-not-found", "-o", "name").strip()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 import pytest
@@ -143,6 +144,8 @@ def test_gang_scheduler_rbac_follows_values(render):
         ("trainerLauncher=Kubectl", "trainerLauncher"),
         ("watchNamespaces={Bad_NS}", "watchNamespaces"),
         ("imagee.tag=x", "imagee"),
+        ("crds.keep=maybe", "crds"),
+        ("crds.kept=true", "kept"),
     ],
 )
 def test_bad_values_are_rejected_with_the_field(render, setting, fragment):
@@ -161,3 +164,62 @@ def test_crds_are_part_of_the_release_unless_turned_off(render):
     names = sorted(o["metadata"]["name"] for o in by_kind(render(), "CustomResourceDefinition"))
     assert names == ["clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev", "ppojobs.ppojob.io"]
     assert not by_kind(render("crds.install=false"), "CustomResourceDefinition")
+
+
+def crd_named(objects: list[dict], name: str) -> dict:
+    (crd,) = [o for o in by_kind(objects, "CustomResourceDefinition") if o["metadata"]["name"] == name]
+    return crd
+
+
+def test_ppojob_crd_is_kept_on_uninstall_by_default(render):
+    objects = render()
+    annotations = crd_named(objects, "ppojobs.ppojob.io")["metadata"].get("annotations", {})
+    assert annotations.get("helm.sh/resource-policy") == "keep", "helm uninstall would delete every PPOJob"
+    for name in ("clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"):
+        assert "annotations" not in crd_named(objects, name)["metadata"], "kopf's peering CRDs go with the release"
+
+
+def test_crds_keep_false_lets_uninstall_delete_the_crd(render):
+    crd = crd_named(render("crds.keep=false"), "ppojobs.ppojob.io")
+    assert "helm.sh/resource-policy" not in crd["metadata"].get("annotations", {})
+
+
+@pytest.mark.parametrize("keep", ["true", "false"])
+def test_rendered_crds_are_the_files_but_for_the_keep_annotation(render, keep):
+    files = [
+        doc
+        for path in sorted((CHART / "files" / "crds").glob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc
+    ]
+    rendered = by_kind(render(f"crds.keep={keep}"), "CustomResourceDefinition")
+    for crd in rendered:
+        annotations = crd["metadata"].pop("annotations", {})
+        assert annotations == ({"helm.sh/resource-policy": "keep"} if keep == "true" and
+                               crd["metadata"]["name"] == "ppojobs.ppojob.io" else {})
+    key = lambda o: o["metadata"]["name"]
+    assert sorted(rendered, key=key) == sorted(files, key=key)
+
+
+def test_crds_values_are_documented_in_the_schema():
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    crds = schema["properties"]["crds"]["properties"]
+    assert set(crds) == {"install", "keep"}
+    for name, prop in crds.items():
+        assert prop["type"] == "boolean" and len(prop.get("description", "")) > 20, name
+    assert "kubectl delete ppojobs --all -A" in crds["keep"]["description"]
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["crds"] == {"install": True, "keep": True}
+
+
+TEARDOWN = ("kubectl delete ppojobs --all -A", "helm uninstall ppojob -n ppojob-system",
+            "kubectl delete crd ppojobs.ppojob.io")
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/chart.md"])
+def test_the_documented_teardown_is_in_its_order(page):
+    text = (REPO / page).read_text()
+    at = [text.find(command) for command in TEARDOWN]
+    assert -1 not in at and at == sorted(at), f"{page}: the teardown is {TEARDOWN}, in that order"
+    notes = (CHART / "templates" / "NOTES.txt").read_text()
+    assert "kubectl delete ppojobs --all -A" in notes and "kubectl delete crd ppojobs.ppojob.io" in notes
