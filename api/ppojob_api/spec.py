@@ -124,6 +124,8 @@ class PPOSpec(_Model):
 class OffloadSpec(_Model):
     train: bool = True
     rollout: bool = True
+    process_groups: bool = True
+    """With `train`: a sleeping role's ranks also destroy their process groups (NCCL communicators)."""
 
 
 class DataSpec(_Model):

@@ -68,7 +68,11 @@ def test_a_sleeping_megatron_role_holds_no_process_group_and_trains_on_identical
     assert not dist.is_initialized()  # built, then put to sleep: its group is gone
     after_sleeps = two_updates(sleeping)
     assert not dist.is_initialized()
-    states = [(t.role, t.to_state) for t in sleeping.drain_transitions()]
+    transitions = sleeping.drain_transitions()
+    states = [(t.role, t.to_state) for t in transitions]
+    for state in ("Connected", "Disconnected"):
+        times = [t.seconds for t in transitions[2:] if t.role == "actor.process_group" and t.to_state == state]
+        print(f"\nprocess group {state}: {1e3 * sum(times) / len(times):.0f} ms on average over {len(times)} turns")
     assert states.count(("actor.process_group", "Connected")) == 1 + 5  # the build, then each of 5 turns
     assert states.count(("actor.process_group", "Disconnected")) == 1 + 5
 
@@ -112,11 +116,9 @@ def test_the_loop_runs_megatron_roles_over_two_gpus_through_ray(tensor, tmp_path
     import ray
 
     from ppo_trainer.checkpoint import read_role_state
-    from ppo_trainer.cli import configure_ray_auth
     from ppo_trainer.reporting import Recorder
     from ppo_trainer.train import run
 
-    configure_ray_auth(joining=False)
     parallel = {"parallelism": {"tensor": tensor}}
     spec = megatron_spec(
         tiny_even_vocab(tmp_path / "model"), model={"tokenizer": "builtin:tiny"}, actor=parallel, critic=parallel,
@@ -125,13 +127,19 @@ def test_the_loop_runs_megatron_roles_over_two_gpus_through_ray(tensor, tmp_path
     ray.init(num_gpus=2, num_cpus=8, include_dashboard=False, _temp_dir=tempfile.mkdtemp(prefix="ppo-gpu-ray-"),
              logging_level="WARNING")
     try:
-        state = run(spec, reporter=Recorder(), checkpoint_dir=str(tmp_path / "ckpt"), resume=False, use_gpus=True)
+        recorder = Recorder()
+        state = run(spec, reporter=recorder, checkpoint_dir=str(tmp_path / "ckpt"), resume=False, use_gpus=True)
     finally:
         ray.shutdown()
     assert state.step == 3 and state.critic_only_steps_done == 1
     rewards = [h["reward_mean"] for h in state.history]
     assert all(r == r for r in rewards)
-    print(f"\ntensor {tensor}: rewards {rewards}, seconds {[round(h['seconds'], 2) for h in state.history]}")
+    print(f"\ntensor {tensor}: rewards {rewards}, seconds {[round(h['seconds'], 2) for h in state.history]},"
+          f" last step's stages {state.history[-1]['stage_seconds']}")
+    groups = [f for kind, f in recorder.events if kind == "transition" and f["role"].endswith(".process_group")]
+    assert {(f["role"], f["rank"]) for f in groups} == {(f"{r}.process_group", k) for r in ("actor", "critic", "ref")
+                                                      for k in (0, 1)}
+    print(f"process group transitions: {len(groups)}, {sum(f['seconds'] for f in groups) / len(groups):.3f} s each on average")
     latest = sorted((tmp_path / "ckpt").glob("step-*"))[-1]
     shards = [read_role_state(latest, role="actor", rank=rank)["backend"]["model"] for rank in (0, 1)]
     name = "embedding.word_embeddings.weight"

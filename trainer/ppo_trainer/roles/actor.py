@@ -25,10 +25,12 @@ class ActorWorker(RoleWorker):
     role = "actor"
 
     def __init__(
-        self, spec, *, rank: int, world_size: int, device: str, offload: bool, rollout_workers: list | None = None
+        self, spec, *, rank: int, world_size: int, device: str, offload: bool, rollout_workers: list | None = None,
+        shared_process: bool = False,
     ) -> None:
         self.link: Residency | None = None  # set below; sleep() during setup must see it
-        super().__init__(spec, rank=rank, world_size=world_size, device=device, offload=offload)
+        super().__init__(spec, rank=rank, world_size=world_size, device=device, offload=offload,
+                         shared_process=shared_process)
         ref = spec.ppo.custom_advantage_function
         self.advantage_fn = load_advantage_function(ref) if ref else None
         self.received: CriticOutput | None = None

@@ -5,7 +5,8 @@ use it in-process). It owns one rank's backend and its `Residency`; `turn(action
 rank, checks it is awake, runs the work, and puts it back to sleep when train-side offload is on,
 so actor, critic and reference take turns on the same devices. Every transition is recorded and
 handed to the driver by `drain_transitions`. A role's ranks form a process group
-(`distributed.py`) that is built right after they wake and destroyed right before they sleep:
+(`distributed.py`) that is built right after they wake and destroyed right before they sleep
+(unless `spec.offload.processGroups` is false: then it is built once and kept):
 with the Torch backend the actor's and critic's ranks when there are several (data parallelism);
 with Megatron every role, one rank included (its model-parallel groups live on that group, and
 are destroyed and rebuilt with it). Waking is then collective, so a multi-rank role is always
@@ -127,7 +128,7 @@ class RoleWorker:
 
     # Explicit transitions: idempotent (a second sleep is a no-op).
     def sleep(self) -> bool:
-        if self.process_group is not None:
+        if self.process_group is not None and self.spec.offload.process_groups:
             self.process_group.disconnect()  # before the role sleeps: a sleeping role holds no communicator
         return self.residency.sleep(self._require_backend().offload)
 

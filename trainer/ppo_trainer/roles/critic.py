@@ -18,8 +18,9 @@ from ppo_trainer.roles.targets import compute_targets
 class CriticWorker(RoleWorker):
     role = "critic"
 
-    def __init__(self, spec, *, rank: int, world_size: int, device: str, offload: bool) -> None:
-        super().__init__(spec, rank=rank, world_size=world_size, device=device, offload=offload)
+    def __init__(self, spec, *, rank: int, world_size: int, device: str, offload: bool, shared_process: bool = False) -> None:
+        super().__init__(spec, rank=rank, world_size=world_size, device=device, offload=offload,
+                         shared_process=shared_process)
         ref = spec.ppo.custom_advantage_function
         self.advantage_fn = load_advantage_function(ref) if ref else None
 
