@@ -177,7 +177,7 @@ def run_backend(kind: str, spec: PPOJobSpec, prompts: list[list[int]], steps: in
         ref_log_probs = ref.log_probs(batch)
         critic_output, _ = critic.train(batch, old_log_probs=old_log_probs, ref_log_probs=ref_log_probs, updates=1)
         actor_stats = actor.train(batch, old_log_probs=old_log_probs, ref_log_probs=ref_log_probs,
-                                  external_data=critic_output)
+                                  external_data=critic_output, stay_awake=True)  # as train.py: the sync follows
         sync_started = time.perf_counter()
         engine.wake_up()
         with actor.turn("export weights"):

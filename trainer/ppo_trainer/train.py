@@ -55,8 +55,9 @@ def train(spec: PPOJobSpec, *, roles: Roles, sampler: PromptSampler, state: Trai
         if not critic_only:
             status.stage(Stage.ACTOR_TRAIN, state=state)
             with timer("actor_train"):
-                actor_stats = ray.get(roles.actor.async_train(
-                    *batch, old_log_probs=old_log_probs, ref_log_probs=ref_log_probs, external_data=values))
+                actor_stats = ray.get(roles.actor.async_train(  # awake until the sync is done with it
+                    *batch, old_log_probs=old_log_probs, ref_log_probs=ref_log_probs, external_data=values,
+                    stay_awake=True))
             status.stage(Stage.WEIGHT_SYNC, state=state)
             with timer("weight_sync"):
                 roles.sync_weights()

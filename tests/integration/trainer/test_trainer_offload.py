@@ -29,7 +29,7 @@ def test_offload_transitions_of_one_ppo_step(roles):
     events = transitions(recorder)
 
     assert per_role(events, "rollout") == [("Awake", "Asleep"), ("Asleep", "Awake")]  # after generate; for sync
-    assert per_role(events, "actor") == [WAKE, SLEEP] * 3  # log-probs, train, weight export
+    assert per_role(events, "actor") == [WAKE, SLEEP] * 2  # log-probs; train, awake through the weight export
     assert per_role(events, "ref") == [WAKE, SLEEP]
     assert per_role(events, "critic") == [WAKE, SLEEP]
     # Training roles take turns: never two of them on the device at once.
@@ -69,7 +69,7 @@ def test_offload_disaggregated_link_follows_residency(ray_session):
             ("actor.weight_sync", "Connected", "Disconnected"),
             ("actor", ON, OFF),
         ]
-        assert actor_side == one_turn * 3  # log-probs, train, broadcast of the weights
+        assert actor_side == one_turn * 2  # log-probs; train, awake through the broadcast of the weights
         assert roles.actor.call("link_state") == ["Disconnected"]
         # The engine's end of the group is gone too: a bucket sent now is refused by name.
         with pytest.raises(ray.exceptions.RayTaskError, match="weight_update_group is not connected"):

@@ -63,7 +63,7 @@ def test_sglang_roles_sync_the_actor_weights_to_the_served_model(ray_session):
             ("actor.weight_sync", "Connected", "Disconnected"),
             ("actor", ON, OFF),
         ]
-        assert [e for e in events if e[0].startswith("actor")] == one_turn * 3  # log-probs, train, broadcast
+        assert [e for e in events if e[0].startswith("actor")] == one_turn * 2  # log-probs; train, awake through the broadcast
         assert [e[1:] for e in events if e[0] == "rollout"] == [("Awake", "Asleep"), ("Asleep", "Awake")]
 
         # The server's end of the group went with the actor's: a bucket now is refused by SGLang's words.

@@ -61,7 +61,10 @@ class ActorWorker(RoleWorker):
         old_log_probs: torch.Tensor,
         ref_log_probs: torch.Tensor,
         external_data: CriticOutput | None = None,
+        stay_awake: bool = False,
     ) -> dict[str, float]:
+        """`stay_awake`: the weight sync comes next and puts the rank to sleep when it is done (one
+        offload and onload fewer per step)."""
         batch = self.shard(parts)
         mask = batch.response_mask
         self.received = external_data
@@ -101,7 +104,7 @@ class ActorWorker(RoleWorker):
                 "entropy": float(entropy),
             }
 
-        with self.turn("train"):
+        with self.turn("train", stay_awake=stay_awake):
             passes = [
                 self.backend.train(batch, loss_fn, micro_batch_size=self.spec.actor.micro_batch_size)
                 for _ in range(ppo.epochs)

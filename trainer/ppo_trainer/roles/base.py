@@ -172,14 +172,17 @@ class RoleWorker:
         return drained
 
     @contextlib.contextmanager
-    def turn(self, action: str) -> Iterator[None]:
-        """Wake, do `action`, and sleep again when train-side offload is on (even if `action` fails)."""
+    def turn(self, action: str, *, stay_awake: bool = False) -> Iterator[None]:
+        """Wake, do `action`, and sleep again when train-side offload is on (even if `action` fails).
+        `stay_awake`: a successful `action` leaves the rank awake for the caller's next use of it."""
         self.wake()
         self.residency.require_awake(action)
+        done = False
         try:
             yield
+            done = True
         finally:
-            if self.offload:
+            if self.offload and not (done and stay_awake):
                 self.sleep()
 
     def shard(self, parts: tuple[RolloutBatch, ...]) -> RolloutBatch:
