@@ -94,6 +94,32 @@ def test_megatron_offload_round_trip_and_train_step(checkpoint):
     assert after["loss"] < stats["loss"]
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_megatron_resumes_from_its_state_dict_with_the_optimizer_state(checkpoint, dtype):
+    """A backend loaded from another's state_dict then trains exactly as the original goes on to
+    (Adam's moments and the fp32 main parameters come back, not only the weights)."""
+    batch = make_batch()
+
+    def loss_fn(output, rows):
+        lp = output["log_probs"]
+        return -(lp * batch.response_mask[rows].to(lp.device)).sum() / batch.response_mask[rows].sum(), {}
+
+    spec = ModelSpec(path=str(checkpoint), dtype=dtype)
+    original = make("megatron", checkpoint, model_spec=spec)
+    for _ in range(2):
+        original.train(batch, loss_fn, micro_batch_size=2)
+    saved = original.state_dict()
+    assert saved["optimizer"] and saved["optimizer"][0]["torch"]["state"]
+    resumed, restarted = make("megatron", checkpoint, model_spec=spec), make("megatron", checkpoint, model_spec=spec)
+    resumed.load_state_dict(saved)
+    restarted.load_state_dict({"model": saved["model"], "optimizer": None})  # weights only
+    for backend in (original, resumed, restarted):
+        backend.train(batch, loss_fn, micro_batch_size=2)
+    expected = original.forward(batch)["log_probs"]
+    torch.testing.assert_close(resumed.forward(batch)["log_probs"], expected, atol=0, rtol=0)
+    assert not torch.equal(restarted.forward(batch)["log_probs"], expected)  # the moments matter
+
+
 def test_megatron_critic_values_have_the_batch_layout(checkpoint):
     batch = make_batch()
     values = make("megatron", checkpoint, role="critic").forward(batch)["values"]

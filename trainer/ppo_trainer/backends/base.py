@@ -9,7 +9,7 @@ stay inside each backend's own module. One contract test runs against every back
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -40,6 +40,17 @@ def check_backend_arguments(
         raise ValueError(f"logits_temperature must be > 0 (use 1.0 for greedy rollouts), got {logits_temperature}")
     if forward_micro_batch_size < 1:
         raise ValueError(f"forward_micro_batch_size must be >= 1, got {forward_micro_batch_size}")
+
+
+def cpu_copy(tree: Any) -> Any:
+    """A state dict (nested dicts and lists) with every tensor copied to the CPU, for checkpoints."""
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().to("cpu", copy=True)
+    if isinstance(tree, dict):
+        return {key: cpu_copy(value) for key, value in tree.items()}
+    if isinstance(tree, list):
+        return [cpu_copy(value) for value in tree]
+    return tree
 
 
 class TrainBackend(Protocol):

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ppo_trainer.algorithms.ppo import chunked_log_probs_and_entropy
-from ppo_trainer.backends.base import LossFn, check_backend_arguments
+from ppo_trainer.backends.base import LossFn, check_backend_arguments, cpu_copy
 from ppo_trainer.batch import RolloutBatch
 from ppo_trainer.distributed import average_gradients
 from ppo_trainer.models.builtin import build_policy, build_value_model, resolve_dtype
@@ -233,7 +233,7 @@ class TorchBackend:
     def state_dict(self) -> dict:
         """{"model": ..., "optimizer": ... or None}, every tensor a CPU copy."""
         model = {key: value.detach().to("cpu", copy=True) for key, value in self.model.state_dict().items()}
-        optimizer = _cpu_copy(self.optimizer.state_dict()) if self.optimizer is not None else None
+        optimizer = cpu_copy(self.optimizer.state_dict()) if self.optimizer is not None else None
         return {"model": model, "optimizer": optimizer}
 
     def load_state_dict(self, state: dict) -> None:
@@ -245,12 +245,3 @@ class TorchBackend:
         if self.optimizer is not None and state.get("optimizer") is not None:
             self.optimizer.load_state_dict(state["optimizer"])
 
-
-def _cpu_copy(tree: Any) -> Any:
-    if isinstance(tree, torch.Tensor):
-        return tree.detach().to("cpu", copy=True)
-    if isinstance(tree, dict):
-        return {key: _cpu_copy(value) for key, value in tree.items()}
-    if isinstance(tree, list):
-        return [_cpu_copy(value) for value in tree]
-    return tree

@@ -44,7 +44,7 @@ from megatron.core.transformer.module import Float16Module
 
 from ppo_trainer.algorithms import entropy_from_logits, log_probs_from_logits
 from ppo_trainer.algorithms.ppo import chunked_log_probs_and_entropy
-from ppo_trainer.backends.base import LossFn, check_backend_arguments
+from ppo_trainer.backends.base import LossFn, check_backend_arguments, cpu_copy
 from ppo_trainer.backends.megatron import conversion
 from ppo_trainer.backends.megatron.attention import layer_spec
 from ppo_trainer.backends.megatron.config import gpt_model_kwargs, transformer_config_kwargs
@@ -470,18 +470,48 @@ class MegatronBackend:
                 state[name] = conversion.unshard(name, shards, self.shape)
         yield from conversion.megatron_to_hf(state, self.shape)
 
+    def _inner_optimizers(self) -> list[torch.optim.Optimizer]:
+        """The torch optimizers under megatron's (one per chained optimizer) over this rank's main parameters."""
+        return [inner.optimizer for inner in getattr(self.optimizer, "chained_optimizers", [self.optimizer])]
+
     def state_dict(self) -> dict:
-        """{"model": this rank's megatron weights as CPU copies, "optimizer": None}: the distributed
-        optimizer's state is not checkpointed by this backend."""
-        return {"model": {n: t.detach().to("cpu", copy=True) for n, t in self._local_state().items()}, "optimizer": None}
+        """{"model": this rank's megatron weights, "optimizer": per inner optimizer, its torch state
+        (Adam moments, steps) and its fp32 main parameters, or None for "ref"}, every tensor a CPU
+        copy. The optimizer part is this rank's shard: it loads back into the same layout only."""
+        model = {n: t.detach().to("cpu", copy=True) for n, t in self._local_state().items()}
+        if self.optimizer is None:
+            return {"model": model, "optimizer": None}
+        optimizer = [
+            {"torch": cpu_copy(inner.state_dict()),
+             "main_params": [p.detach().to("cpu", copy=True) for g in inner.param_groups for p in g["params"]]}
+            for inner in self._inner_optimizers()
+        ]
+        return {"model": model, "optimizer": optimizer}
 
     def load_state_dict(self, state: dict) -> None:
-        """Load a `state_dict()` while on the device (model weights; the optimizer restarts)."""
+        """Load a `state_dict()` while on the device. Without an optimizer part (an older checkpoint)
+        the optimizer restarts from the loaded weights."""
         self._require_on_device("load_state_dict")
         if "model" not in state:
             raise ValueError("state has no 'model' entry; pass what MegatronBackend.state_dict() returned")
         with torch.no_grad():
             for name, tensor in self._local_state().items():
                 tensor.copy_(state["model"][name])
-        if self.optimizer is not None:
+        if self.optimizer is None:
+            return
+        saved = state.get("optimizer")
+        if saved is None:
             self.optimizer.reload_model_params()
+            return
+        inners = self._inner_optimizers()
+        sizes = [len([p for g in inner.param_groups for p in g["params"]]) for inner in inners]
+        if [len(entry["main_params"]) for entry in saved] != sizes:
+            raise ValueError(
+                f"the checkpoint's optimizer state holds {[len(e['main_params']) for e in saved]} main parameters per"
+                f" optimizer where this rank has {sizes}: it was written with another model or parallel layout"
+            )
+        with torch.no_grad():
+            for inner, entry in zip(inners, saved):
+                for param, value in zip((p for g in inner.param_groups for p in g["params"]), entry["main_params"]):
+                    param.copy_(value)
+                inner.load_state_dict(entry["torch"])
