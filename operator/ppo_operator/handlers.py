@@ -33,10 +33,16 @@ CHILD = {LABEL_JOB_NAME: kopf.PRESENT}
 
 
 class Wakers:
-    """One asyncio.Event per running daemon, found by (namespace, job label)."""
+    """One asyncio.Event per running daemon, found by (namespace, job label).
+
+    A wake by a child (pods, RayCluster, pod group) comes in bursts, so the daemon lets the burst
+    settle (`Runtime.debounce_s`) before it reconciles; a wake by the job itself (a trainer's
+    report, a spec change) is `prompt`: the daemon reconciles at once, as its status shows it.
+    """
 
     def __init__(self) -> None:
         self._events: dict[tuple[str, str], set[asyncio.Event]] = collections.defaultdict(set)
+        self._prompt: set[asyncio.Event] = set()
 
     def register(self, key: tuple[str, str]) -> asyncio.Event:
         event = asyncio.Event()
@@ -45,16 +51,18 @@ class Wakers:
 
     def unregister(self, key: tuple[str, str], event: asyncio.Event) -> None:
         self._events[key].discard(event)
+        self._prompt.discard(event)
         if not self._events[key]:
             del self._events[key]
 
-    def wake(self, key: tuple[str, str]) -> None:
+    def wake(self, key: tuple[str, str], *, prompt: bool = False) -> None:
         for event in self._events.get(key, ()):
             event.set()
+            if prompt:
+                self._prompt.add(event)
 
-    @staticmethod
-    async def sleep(event: asyncio.Event, stopped: kopf.DaemonStopped, timeout: float | None) -> None:
-        """Until woken, stopped, or timeout seconds (None: no timeout)."""
+    async def sleep(self, event: asyncio.Event, stopped: kopf.DaemonStopped, timeout: float | None) -> bool:
+        """Until woken, stopped, or timeout seconds (None: no timeout); True if a wake was prompt."""
         waiters = {asyncio.ensure_future(event.wait()), asyncio.ensure_future(stopped.wait())}
         try:
             await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
@@ -62,6 +70,30 @@ class Wakers:
             for waiter in waiters:
                 waiter.cancel()
         event.clear()
+        prompt = event in self._prompt
+        self._prompt.discard(event)
+        return prompt
+
+
+class LeanDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
+    """kopf's own diff-base essence (spec, labels, annotations), without the whole-object copy.
+
+    kopf builds the essence of every watched object on every event (pods, RayClusters and pod
+    groups included) by deep-copying the object whole, status and managedFields too, and then
+    dropping all but the spec, labels and annotations. Here only those parts are copied: the same
+    essence, for a fraction of the CPU (at 500 jobs the whole-object copies were about a tenth
+    of the event loop's time).
+    """
+
+    KEPT_METADATA = ("labels", "annotations", "ownerReferences")  # ownerReferences: kopf's key naming reads them
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> Any:
+        if extra_fields:  # fields a handler asked for may be anywhere: kopf's own way
+            return super().build(body=body, extra_fields=extra_fields)
+        metadata = body.get("metadata") or {}
+        slim = {key: value for key, value in body.items() if key not in ("metadata", "status")}
+        slim["metadata"] = {key: metadata[key] for key in self.KEPT_METADATA if key in metadata}
+        return super().build(body=kopf.Body(slim), extra_fields=extra_fields)
 
 
 @dataclasses.dataclass
@@ -73,6 +105,7 @@ class Runtime:
     pod_group_resources: tuple[GroupResource, ...]
     wakers: Wakers = dataclasses.field(default_factory=Wakers)
     debounce_s: float = 0.05
+    """How long a daemon woken by its children waits for the rest of their burst (not for the job's own events)."""
 
     def children(self, key: tuple[str, str], indices: Mapping[str, Any]) -> Children:
         def records(index_name: str) -> tuple:
@@ -104,7 +137,7 @@ def register(registry: kopf.OperatorRegistry, *, pod_group_resources: Iterable[G
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.persistence.finalizer = FINALIZER
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
+        settings.persistence.diffbase_storage = LeanDiffBaseStorage(prefix=GROUP)
         settings.posting.level = logging.INFO
         settings.watching.label_selectors["v1", "pods"] = LABEL_JOB_NAME
         settings.watching.label_selectors["ray.io", "rayclusters"] = LABEL_JOB_NAME
@@ -137,7 +170,7 @@ def register(registry: kopf.OperatorRegistry, *, pod_group_resources: Iterable[G
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="wake_job")
     async def wake_job(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
-        memo.runtime.wakers.wake(job_key(namespace, name))
+        memo.runtime.wakers.wake(job_key(namespace, name), prompt=True)
 
     @kopf.daemon(GROUP, VERSION, PLURAL, registry=registry, cancellation_timeout=10.0, id="ppojob")
     async def ppojob(body: kopf.Body, namespace: str, name: str, stopped: kopf.DaemonStopped,
@@ -173,8 +206,8 @@ async def run_job(runtime: Runtime, body: kopf.Body, key: tuple[str, str], stopp
                                                           f"{type(exc).__name__}: {exc}; retrying"))
             if delay == 0:
                 continue
-            await runtime.wakers.sleep(wake, stopped, delay)
-            if runtime.debounce_s and not stopped:
+            prompt = await runtime.wakers.sleep(wake, stopped, delay)
+            if runtime.debounce_s and not prompt and not stopped:
                 await asyncio.sleep(runtime.debounce_s)  # let a burst of child events settle
     finally:
         runtime.wakers.unregister(key, wake)

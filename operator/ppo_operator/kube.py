@@ -63,40 +63,47 @@ PLURALS = {
 
 
 class Kube:
-    """An API client for the reconcile: async methods over the blocking kubernetes client."""
+    """An API client for the reconcile: async methods over the blocking kubernetes client.
 
-    def __init__(self, api_client: client.ApiClient, *, workers: int = 16):
+    Two lanes, each its own threads and its own connection pool: status writes (`patch_status`)
+    and everything else (creates, deletes, reads, tokens). A status write records a decision and
+    shows the trainer's progress; under load a create or delete can hold a thread and a
+    connection for seconds, and a status write must not queue behind hundreds of them.
+    """
+
+    def __init__(self, api_client: client.ApiClient, *, workers: int = 16,
+                 status_api_client: client.ApiClient | None = None, status_workers: int = 16):
         self.api = api_client
+        self.status_api = status_api_client or api_client
         self.counts: collections.Counter[str] = collections.Counter()
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kube")
+        self._status_pool = concurrent.futures.ThreadPoolExecutor(max_workers=status_workers,
+                                                                  thread_name_prefix="kube-status")
 
     @classmethod
-    def from_environment(cls, *, workers: int = 16) -> Kube:
-        """In-cluster config inside a pod, else KUBECONFIG (the same choice kopf makes)."""
-        configuration = client.Configuration()
-        try:
-            config.load_incluster_config(client_configuration=configuration)
-        except config.ConfigException:
-            config.load_kube_config(client_configuration=configuration)
-        configuration.connection_pool_maxsize = workers
-        return cls(client.ApiClient(configuration), workers=workers)
+    def from_environment(cls, *, workers: int = 16, status_workers: int = 16) -> Kube:
+        """In-cluster config inside a pod, else KUBECONFIG (the same choice kopf makes); a client per lane."""
+        return cls(client.ApiClient(_configuration(workers)), workers=workers,
+                   status_api_client=client.ApiClient(_configuration(status_workers)), status_workers=status_workers)
 
     # -- the one request primitive -------------------------------------------------------------
-    def _request(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
+    @staticmethod
+    def _request(api: client.ApiClient, method: str, path: str, body: Any = None,
+                 content_type: str = "application/json") -> Any:
         headers = {"Accept": "application/json", "Content-Type": content_type}
-        _, url, headers, _, _ = self.api.param_serialize(
-            method, path, header_params=headers, auth_settings=["BearerToken"]
-        )
-        response = self.api.call_api(method, url, header_params=headers, body=body, _request_timeout=30)
+        _, url, headers, _, _ = api.param_serialize(method, path, header_params=headers, auth_settings=["BearerToken"])
+        response = api.call_api(method, url, header_params=headers, body=body, _request_timeout=30)
         data = response.read() or b""
         if not 200 <= response.status < 300:
             raise KubeError(response.status, response.reason or "", data.decode(errors="replace"))
         return json.loads(data) if data else None
 
-    async def request(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
+    async def request(self, method: str, path: str, body: Any = None, content_type: str = "application/json", *,
+                      status_lane: bool = False) -> Any:
         self.counts[f"{method} {path_kind(path)}"] += 1
+        pool, api = (self._status_pool, self.status_api) if status_lane else (self._pool, self.api)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, self._request, method, path, body, content_type)
+        return await loop.run_in_executor(pool, self._request, api, method, path, body, content_type)
 
     # -- idempotent steps ----------------------------------------------------------------------
     async def ensure_created(self, manifest: Mapping[str, Any]) -> bool:
@@ -131,8 +138,9 @@ class Kube:
             raise
 
     async def patch_status(self, resource: GroupResource, namespace: str, name: str, patch: Mapping[str, Any]) -> dict:
-        """Merge-patch the status subresource; returns the object as stored."""
-        return await self.request("PATCH", resource_path(resource, namespace, name, "status"), dict(patch), MERGE_PATCH)
+        """Merge-patch the status subresource (in the status lane); returns the object as stored."""
+        return await self.request("PATCH", resource_path(resource, namespace, name, "status"), dict(patch), MERGE_PATCH,
+                                  status_lane=True)
 
     async def request_token(self, namespace: str, service_account: str, body: Mapping[str, Any]) -> str:
         sa = GroupResource("", "v1", "serviceaccounts", "ServiceAccount")
@@ -154,3 +162,14 @@ class Kube:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)
+        self._status_pool.shutdown(wait=False)
+
+
+def _configuration(connections: int) -> client.Configuration:
+    configuration = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=configuration)
+    except config.ConfigException:
+        config.load_kube_config(client_configuration=configuration)
+    configuration.connection_pool_maxsize = connections
+    return configuration
