@@ -34,8 +34,9 @@ def train(spec: PPOJobSpec, *, roles: Roles, sampler: PromptSampler, state: Trai
         timer = StageTimer()
         status.stage(Stage.GENERATE, state=state)
         with timer("generate"):
-            batch, rollout_stats = roles.rollout.async_call(
-                "generate", sampler.next_batch(), seed=spec.seed * 1_000_003 + step, num_returns=2)
+            batch, rollout_stats = roles.rollout.async_call(  # each engine its share of the prompts
+                "generate", roles.rollout.split(sampler.next_batch()),
+                seed=roles.rollout.seeds(spec.seed * 1_000_003 + step), num_returns=2)
             rollout_stats = ray.get(rollout_stats)
             if spec.offload.rollout:
                 roles.rollout.call("sleep")

@@ -56,3 +56,20 @@ def test_megatron_tensor_parallel_ranks_are_placed_one_per_gpu():
 def test_parallelism_the_trainer_cannot_run_is_refused_naming_the_field(fields, message):
     with pytest.raises(PlacementError, match=message):
         compute_layout(spec(**fields), use_gpus=True)
+
+
+def test_a_step_with_fewer_prompts_than_engines_is_refused():
+    with pytest.raises(PlacementError, match=r"rollout.batchSize \(1\) is smaller than the number of rollout engines \(2\)"):
+        compute_layout(spec(rollout={"batchSize": 1}), use_gpus=True)
+
+
+@pytest.mark.parametrize(("count", "ranks", "sizes"), [(8, 2, [4, 4]), (7, 3, [3, 2, 2]), (2, 2, [1, 1])])
+def test_engines_share_a_steps_prompts_in_contiguous_parts_with_distinct_seeds(count, ranks, sizes):
+    from ppo_trainer.roles.group import PerRank, RoleGroup
+
+    group = RoleGroup("rollout", handles=[object()] * ranks)
+    parts = group.split(list(range(count)))
+    assert isinstance(parts, PerRank) and [len(p) for p in parts] == sizes
+    assert [x for p in parts for x in p] == list(range(count))
+    seeds = list(group.seeds(10))
+    assert seeds[0] == 10 and len(set(seeds)) == ranks

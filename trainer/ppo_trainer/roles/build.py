@@ -92,6 +92,11 @@ def compute_layout(spec: PPOJobSpec, *, use_gpus: bool, cpu_ranks: int = 1) -> L
                 f"{spec.rollout.gpus}; raise resources.gpusPerNode or lower rollout.gpus"
             )
         engines = train_gpus if colocate else spec.rollout.gpus
+        if spec.rollout.batch_size < engines:
+            raise PlacementError(
+                f"rollout.batchSize ({spec.rollout.batch_size}) is smaller than the number of rollout engines"
+                f" ({engines}), which share a step's prompts: raise it to at least {engines}"
+            )
         cuda_ipc = colocate and spec.rollout.engine == EngineKind.TORCH  # SGLang's servers take IPC from the worker
         return Layout(True, train_gpus, engines, colocate, spec.critic.enabled, cuda_ipc_weights=cuda_ipc)
     return Layout(False, cpu_ranks, 1, colocate, spec.critic.enabled)

@@ -53,6 +53,17 @@ class RoleGroup:
             return PerRank(refs)
         return tuple(PerRank(r[i] for r in refs) for i in range(num_returns))
 
+    def split(self, items: list[Any]) -> PerRank:
+        """`items` in contiguous, near-equal parts, one per rank (the first ranks take one more)."""
+        size, extra = divmod(len(items), self.world_size)
+        bounds = [rank * size + min(rank, extra) for rank in range(self.world_size + 1)]
+        return PerRank(items[bounds[rank]:bounds[rank + 1]] for rank in range(self.world_size))
+
+    def seeds(self, base: int) -> PerRank:
+        """A distinct seed per rank, so that ranks sample different continuations: rank 0 keeps
+        `base`, the others are spaced far beyond any step count added to it."""
+        return PerRank(base + rank * 1_000_000_007 for rank in range(self.world_size))
+
     def async_train(self, *args: Any, external_data: PerRank | None = None, num_returns: int = 1, **kwargs: Any):
         """Train every rank; `external_data` (the critic's refs) goes rank to rank, resolved by Ray."""
         if external_data is not None:
