@@ -1,7 +1,8 @@
 """Starting and stopping rollout server processes: one per engine on its bundle, a router before several.
 
 `ServerProcess` runs one command line (an SGLang server, the built-in server, or the router) in
-its own process group with its output in a log file, waits until /health answers 200 (failing
+its own process group, under a guard that takes the group down if the launching worker dies,
+with its output in a log file, waits until /health answers 200 (failing
 early, with the log's tail, when the process exits), tells after the fact why it died, and
 stops it (SIGTERM to its process group, SIGKILL after a grace period). `launch_engine_server`
 is called from the process that holds an engine's placement-group bundle (the rollout role's
@@ -16,6 +17,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections import deque
 from pathlib import Path
@@ -32,6 +34,28 @@ from ppo_trainer.rollout.sglang.server_args import (
 )
 
 LOG_TAIL_LINES = 20
+
+# Runs a server command as its child, in the server's process group, and dies as the child died
+# (same exit code or signal); if the process that launched it (the rollout worker) goes away
+# without stopping it, e.g. killed, it kills the whole group, so no server outlives its worker.
+ORPHAN_GUARD = """
+import os, signal, subprocess, sys
+launcher, command = int(sys.argv[1]), sys.argv[2:]
+child = subprocess.Popen(command)
+signal.signal(signal.SIGTERM, lambda *_: child.terminate())
+while True:
+    try:
+        child.wait(timeout=0.5)
+        break
+    except subprocess.TimeoutExpired:
+        if os.getppid() != launcher:
+            os.killpg(0, signal.SIGKILL)
+if child.returncode < 0:
+    if -child.returncode not in (signal.SIGKILL, signal.SIGSTOP):
+        signal.signal(-child.returncode, signal.SIG_DFL)
+    os.kill(os.getpid(), -child.returncode)
+sys.exit(child.returncode)
+"""
 
 
 class ServerStartError(RuntimeError):
@@ -59,7 +83,7 @@ class ServerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self._process = subprocess.Popen(
-                self.command,
+                [sys.executable, "-c", ORPHAN_GUARD, str(os.getpid()), *self.command],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
