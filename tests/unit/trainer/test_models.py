@@ -110,8 +110,7 @@ def test_value_model_without_policy_equals_one_built_from_the_same_seed():
 def test_value_model_forward_one_value_per_position():
     critic = ValueModel(trunk=build_policy(TINY, seed=0, device="cpu").get_decoder(), seed=0)
     ids = torch.tensor([[256, 1, 2, 3]])
-    mask = torch.ones_like(ids)
-    values = critic(input_ids=ids, attention_mask=mask, position_ids=torch.arange(4)[None])
+    values = critic(input_ids=ids)
     assert values.shape == (1, 4) and torch.isfinite(values).all()
 
 

@@ -98,9 +98,7 @@ def test_critic_forward_values_are_the_head_on_the_state_before_each_response_to
     values = critic.forward(batch)["values"]
     assert values.shape == (1, 2)
     ids = batch.tokens[:, :4]
-    full = critic.model(
-        input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=torch.arange(4)[None]
-    )
+    full = critic.model(input_ids=ids)
     torch.testing.assert_close(values[0], full[0, 2:4], atol=1e-6, rtol=0)
 
 

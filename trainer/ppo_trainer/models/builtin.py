@@ -112,17 +112,10 @@ class ValueModel(nn.Module):
             self.value_head.bias.zero_()
         self.value_head.to(device=param.device, dtype=param.dtype)
 
-    def forward(
-        self,
-        *,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """[B, L] -> [B, L] values, in the trunk's dtype (no mask: plain causal attention)."""
-        hidden = self.trunk(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-        ).last_hidden_state
+    def forward(self, *, input_ids: torch.Tensor) -> torch.Tensor:
+        """[B, L] -> [B, L] values, in the trunk's dtype: rows start at column 0 (`aligned_rows`), so
+        attention is plain causal and positions are the columns."""
+        hidden = self.trunk(input_ids=input_ids, use_cache=False).last_hidden_state
         return self.value_head(hidden).squeeze(-1)
 
 
