@@ -217,6 +217,10 @@ def _attempt_status(
 
 
 def _training_phase(draft: _Draft, spec: PPOJobSpec, job: Job) -> dict[str, Any]:
+    reported = job.progress.get("attempt")
+    if reported is not None and reported != job.attempt:  # what is there is an earlier attempt's progress
+        message = f"the trainer of attempt {job.attempt} started; waiting for its first report"
+        return draft.phase(Phase.INITIALIZING, Reason.TRAINER_STARTED, message)
     total = spec.ppo.num_critic_only_steps
     done = int(job.progress.get("criticOnlyStepsDone") or 0)
     if done < total:

@@ -157,6 +157,26 @@ def test_restarting_lasts_while_the_previous_attempt_is_torn_down():
     assert cond(status, "GangScheduled")["lastTransitionTime"] == format_time(NOW + timedelta(seconds=12))
 
 
+def test_a_restarted_attempt_is_initializing_until_its_own_trainer_reports():
+    body, gang = _running_body()
+    body["status"]["progress"] = {"attempt": 0, "criticOnlyStepsDone": 2, "criticOnlySteps": 2, "step": 3,
+                                  "heartbeatTime": format_time(NOW)}
+    assert run(body, Observed(clusters=(cluster(0),), pods=gang, identity_ready=True, trainer=RUNNING))["phase"] == "Training"
+    lost = Observed(clusters=(cluster(0),), pods=gang[:2], identity_ready=True, trainer=RUNNING)
+    body = advance(body, run(body, lost, NOW + timedelta(seconds=10)))
+    assert body["status"]["attempt"] == 1
+    placed = NOW + timedelta(seconds=12)
+    second = Observed(clusters=(cluster(1),), pods=pods(1, 3, scheduled_at=placed, created=placed), identity_ready=True,
+                      trainer=RUNNING)
+    body = advance(body, run(body, second, placed))
+    status = run(body, second, NOW + timedelta(seconds=13))
+    assert (status["phase"], status["reason"]) == ("Initializing", "TrainerStarted")  # not the old attempt's Training
+    assert status["message"] == "the trainer of attempt 1 started; waiting for its first report"
+    body = advance(body, status)
+    body["status"]["progress"] = {**body["status"]["progress"], "attempt": 1, "heartbeatTime": format_time(NOW)}
+    assert run(body, second, NOW + timedelta(seconds=14))["phase"] == "Training"
+
+
 def test_a_silent_trainer_is_lost_not_running():
     body, gang = _running_body()
     body["status"]["progress"] = {"heartbeatTime": format_time(NOW + timedelta(seconds=5))}
