@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import fcntl
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -210,7 +211,9 @@ async def run_phase(cluster, api: Api, kind: Kind, jobs: int, args: argparse.Nam
     """One side at one size: start its controllers, apply, run to the end, delete; what was measured."""
     namespace = f"scale-{kind.name}-{jobs}"
     workdir = args.out / f"{kind.name}-{jobs}"
-    workdir.mkdir(parents=True, exist_ok=True)
+    if workdir.exists():  # an earlier run's: its spool entries and reports would be read as this run's
+        shutil.rmtree(workdir)
+    workdir.mkdir(parents=True)
     names = [manifests.job_name(i) for i in range(jobs)]
     await ensure_namespace(api, namespace)
     kuberay, kuberay_metrics = procs.start_kuberay(cluster, namespace, workdir / "kuberay.log")
