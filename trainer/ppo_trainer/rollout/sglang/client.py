@@ -101,14 +101,7 @@ class SGLangClient:
 
         Returns one `{"output_ids": [...], "meta_info": {...}}` per prompt, in order.
         """
-        body = {
-            "input_ids": input_ids,
-            "sampling_params": sampling_params,
-            "return_logprob": True,
-            "logprob_start_len": -1,
-            "stream": False,
-        }
-        answer = self._call("POST", "/generate", body, repeatable=True)
+        answer = self._call("POST", "/generate", _generate_body(input_ids, sampling_params), repeatable=True)
         if not isinstance(answer, list) or len(answer) != len(input_ids):
             got = f"{len(answer)} results" if isinstance(answer, list) else type(answer).__name__
             raise RolloutServerError(
@@ -119,14 +112,7 @@ class SGLangClient:
     def generate_one(self, input_ids: list[int], sampling_params: dict[str, Any]) -> dict[str, Any]:
         """POST /generate for one prompt: the form sglang_router 0.3.2 balances (it refuses a list
         of sampling_params, and sends a whole batch to one worker)."""
-        body = {
-            "input_ids": input_ids,
-            "sampling_params": sampling_params,
-            "return_logprob": True,
-            "logprob_start_len": -1,
-            "stream": False,
-        }
-        answer = self._call("POST", "/generate", body, repeatable=True)
+        answer = self._call("POST", "/generate", _generate_body(input_ids, sampling_params), repeatable=True)
         if not isinstance(answer, dict):
             raise RolloutServerError(
                 server=self.url, call="/generate", reason=f"expected one result object, got {type(answer).__name__}"
@@ -289,3 +275,14 @@ def _message(payload: Any) -> str:
         if "detail" in payload:
             return json.dumps(payload["detail"])
     return str(payload).strip()[:500]
+
+
+def _generate_body(input_ids: list[int] | list[list[int]], sampling_params: Any) -> dict[str, Any]:
+    """/generate's body: token ids in, the sampled tokens' log-probs out, no streaming."""
+    return {
+        "input_ids": input_ids,
+        "sampling_params": sampling_params,
+        "return_logprob": True,
+        "logprob_start_len": -1,
+        "stream": False,
+    }
