@@ -59,6 +59,25 @@ class JobMemory:
     progress_seen: Mapping[str, Any] | None = None
     refused_generation: int | None = None
     """The generation whose status the API server refused to store (told once in an Event)."""
+    unseen: dict[tuple[str, str, str], datetime] = dataclasses.field(default_factory=dict)
+    """Our creates and deletes of children that the watches have not shown yet: ("create" or
+    "delete", kind, name) -> when. A reconcile that runs before the watch has delivered them (a
+    job's own events wake its daemon at once) would send them again, answered 409 or 404."""
+
+
+UNSEEN_S = 30.0
+"""How long a create or delete waits for the watches before it may be sent again."""
+
+
+def settle(memory: JobMemory, children: Children, now: datetime) -> None:
+    """Forget the writes the watches now show (a created child there, a deleted one gone or going), or too old."""
+    shown = {(c.kind, c.name): c.deleting for c in children.pod_groups}
+    shown.update({("RayCluster", c.name): c.deleting for c in children.clusters})
+    for key, when in list(memory.unseen.items()):
+        verb, kind, name = key
+        done = (kind, name) in shown if verb == "create" else shown.get((kind, name), True)
+        if done or (now - when).total_seconds() > UNSEEN_S:
+            del memory.unseen[key]
 
 
 def freshest(body: Mapping[str, Any], written: Mapping[str, Any] | None) -> Mapping[str, Any]:
@@ -93,6 +112,7 @@ class Reconciler:
         spec, _ = job.parse()
         observed = await self.observe(job, spec, children, memory)
         now = self.clock()
+        settle(memory, children, now)
         status = compute_status(job, observed, now, policy=self.policy)
         if status_changed(job, status):
             try:
@@ -150,10 +170,18 @@ class Reconciler:
         for event in events:
             self.post_event(job, event)
 
+    def note(self, memory: JobMemory, verb: str, kind: str, name: str) -> None:
+        """A create or delete that succeeded (or found it done): not to be sent again before the watches show it."""
+        memory.unseen[(verb, kind, name)] = self.clock()
+
     async def apply(self, job: Job, plan: Plan, memory: JobMemory) -> bool:
         """Carry out the plan, each step idempotent; True when a trainer was launched."""
         for deletion in plan.deletions:
-            if await self.kube.ensure_deleted(deletion.resource, job.namespace, deletion.name) and deletion.resource == RAYCLUSTERS:
+            if ("delete", deletion.resource.kind, deletion.name) in memory.unseen:
+                continue
+            deleted = await self.kube.ensure_deleted(deletion.resource, job.namespace, deletion.name)
+            self.note(memory, "delete", deletion.resource.kind, deletion.name)
+            if deleted and deletion.resource == RAYCLUSTERS:
                 self.post_event(job, Event("Normal", Reason.CLUSTER_DELETED.value, f"RayCluster {deletion.name} deleted: {deletion.why}"))
         await self.launcher.stop_others(job, plan.keep_trainer)
         if plan.ensure_identity:
@@ -161,14 +189,21 @@ class Reconciler:
                 await self.kube.ensure_created(manifest)
             memory.identity_ready = True
         created = []
-        if plan.pod_group is not None:
-            if await self.kube.ensure_created(plan.pod_group):
+        group = plan.pod_group
+        if group is not None and ("create", group["kind"], group["metadata"]["name"]) not in memory.unseen:
+            new = await self.kube.ensure_created(group)
+            self.note(memory, "create", group["kind"], group["metadata"]["name"])
+            if new:
                 created.append(f"{plan.pod_group['kind']} {plan.pod_group['metadata']['name']} (minMember {plan.pod_group['spec']['minMember']})")
             if self.pause_after_pod_group_s:  # fault injection for the crash-between-creations test
                 log.warning("pausing %.0fs after the pod group (--debug-pause-after-pod-group)", self.pause_after_pod_group_s)
                 await asyncio.sleep(self.pause_after_pod_group_s)
-        if plan.raycluster is not None and await self.kube.ensure_created(plan.raycluster):
-            created.append(f"RayCluster {plan.raycluster['metadata']['name']}")
+        cluster = plan.raycluster
+        if cluster is not None and ("create", "RayCluster", cluster["metadata"]["name"]) not in memory.unseen:
+            new = await self.kube.ensure_created(cluster)
+            self.note(memory, "create", "RayCluster", cluster["metadata"]["name"])
+            if new:
+                created.append(f"RayCluster {cluster['metadata']['name']}")
         if created:
             self.post_event(job, Event("Normal", Reason.CREATED.value, "created " + " and ".join(created)))
         launched = False

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
+from datetime import timedelta
 
 from operator_factory import NOW, cluster, make_ppojob, pod_group, pods
 
@@ -141,3 +143,55 @@ def test_a_status_the_api_server_refuses_is_told_once_in_an_event_and_nothing_is
     assert kube.calls == [("patch", "status", "tiny")] * 2
     assert [(e.type, e.reason) for e in events] == [("Warning", "InvalidSpec")]
     assert events[0].message.startswith("spec.ppo.numRollouts: ") and "expected int, got string" in events[0].message
+
+
+def creates(kube) -> list[tuple]:
+    return [c for c in kube.calls if c[0] in ("create", "delete") and c[1] in ("PodGroup", "RayCluster")]
+
+
+def test_a_create_the_watches_have_not_shown_yet_is_not_sent_again():
+    reconciler, kube, _, _ = make(make_ppojob())
+    memory = JobMemory(progress_seen={}, identity_ready=True)
+    asyncio.run(reconciler.reconcile(kube.body, Children(), memory))
+    asyncio.run(reconciler.reconcile(kube.body, Children(), memory))  # woken before the watch saw them
+    assert creates(kube) == [("create", "PodGroup", "tiny-a0"), ("create", "RayCluster", "tiny-a0")]
+    shown = Children(clusters=(cluster(0, ready=False),), pod_groups=(pod_group(0),))
+    asyncio.run(reconciler.reconcile(kube.body, shown, memory))
+    assert memory.unseen == {}
+    kube.calls.clear()
+    asyncio.run(reconciler.reconcile(kube.body, Children(), memory))  # both gone (deleted by someone): again
+    assert creates(kube) == [("create", "PodGroup", "tiny-a0"), ("create", "RayCluster", "tiny-a0")]
+
+
+def test_an_unseen_create_is_sent_again_after_a_while_and_a_failed_one_at_once():
+    reconciler, kube, _, _ = make(make_ppojob())
+    memory = JobMemory(progress_seen={}, identity_ready=True)
+    asyncio.run(reconciler.reconcile(kube.body, Children(), memory))
+    reconciler.clock = lambda: NOW + timedelta(seconds=31)
+    kube.calls.clear()
+    asyncio.run(reconciler.reconcile(kube.body, Children(), memory))
+    assert creates(kube) == [("create", "PodGroup", "tiny-a0"), ("create", "RayCluster", "tiny-a0")]
+
+    reconciler, kube, _, _ = make(make_ppojob())
+    memory = JobMemory(progress_seen={}, identity_ready=True)
+
+    async def refuse(manifest):
+        kube.calls.append(("create", manifest["kind"], manifest["metadata"]["name"]))
+        raise KubeError(500, "Internal Server Error", "etcd timeout")
+
+    kube.ensure_created = refuse
+    with contextlib.suppress(KubeError):
+        asyncio.run(reconciler.reconcile(kube.body, Children(), memory))
+    assert memory.unseen == {}
+
+
+def test_a_delete_the_watches_have_not_shown_yet_is_not_sent_again():
+    body = make_ppojob(status={"phase": "Succeeded", "attempt": 0})
+    reconciler, kube, _, _ = make(body)
+    memory = JobMemory(progress_seen={}, identity_ready=True)
+    children = Children(clusters=(cluster(0),), pod_groups=(pod_group(0),))
+    for _ in range(2):
+        asyncio.run(reconciler.reconcile(kube.body, children, memory))
+    assert creates(kube) == [("delete", "RayCluster", "tiny-a0"), ("delete", "PodGroup", "tiny-a0")]
+    asyncio.run(reconciler.reconcile(kube.body, Children(), memory))
+    assert memory.unseen == {}
