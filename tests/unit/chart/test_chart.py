@@ -42,6 +42,7 @@ def test_default_render_has_every_object_labelled(render):
             "ClusterRoleBinding",
             "ClusterKopfPeering",
             "Deployment",
+            "FlowSchema",
         ]
     )
     for obj in objects:
@@ -130,6 +131,18 @@ def test_metrics_service_is_optional(render):
     assert "--metrics-port=9090" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
+def test_the_operators_requests_get_a_priority_level_of_their_own(render):
+    (schema,) = by_kind(render(), "FlowSchema")
+    assert schema["spec"]["priorityLevelConfiguration"]["name"] == "workload-high"
+    assert schema["spec"]["matchingPrecedence"] < 9000  # before the API server's service-accounts schema
+    (rule,) = schema["spec"]["rules"]
+    (subject,) = rule["subjects"]
+    (account,) = by_kind(render(), "ServiceAccount")
+    assert subject == {"kind": "ServiceAccount", "serviceAccount": {
+        "name": account["metadata"]["name"], "namespace": account["metadata"]["namespace"]}}
+    assert not by_kind(render("flowControl.priorityLevel="), "FlowSchema")
+
+
 def test_gang_scheduler_rbac_follows_values(render):
     role, _ = by_kind(render("gangSchedulers={Volcano,Kueue}"), "ClusterRole")
     rules = rules_of(role)
@@ -146,6 +159,7 @@ def test_gang_scheduler_rbac_follows_values(render):
         ("imagee.tag=x", "imagee"),
         ("crds.keep=maybe", "crds"),
         ("crds.kept=true", "kept"),
+        ("flowControl.priorityLevel=Workload_High", "priorityLevel"),
     ],
 )
 def test_bad_values_are_rejected_with_the_field(render, setting, fragment):
