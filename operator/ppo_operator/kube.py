@@ -1,7 +1,7 @@
 """The operator's writes to the Kubernetes API: idempotent ensure/delete steps and the status patch.
 
 Reads come from kopf's watch-fed indices, never from here (except the one-off reference check of
-a volume claim or secret). `ensure_created` treats 409 AlreadyExists as success and `ensure_deleted`
+a volume claim or secret, and the phantom audit: `list_uids`). `ensure_created` treats 409 AlreadyExists as success and `ensure_deleted`
 treats 404 NotFound as success, so each step can be repeated after a crash. The blocking
 `kubernetes` client runs in a small thread pool; every request is counted by verb and resource
 (`Kube.counts`) for the API-cost figures. Depends on the kubernetes client and `gang.GroupResource`.
@@ -15,6 +15,7 @@ import collections
 import concurrent.futures
 import json
 import logging
+import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,7 @@ def resource_path(resource: GroupResource, namespace: str, name: str | None = No
 
 def path_kind(path: str) -> str:
     """'/apis/g/v/namespaces/ns/plural/name/status' -> 'plural/status' (for request counts)."""
-    parts = path.strip("/").split("/")
+    parts = path.partition("?")[0].strip("/").split("/")
     rest = parts[parts.index("namespaces") + 2:] if "namespaces" in parts else parts[-1:]
     return "/".join([rest[0], *rest[2:]]) if rest else path
 
@@ -136,6 +137,11 @@ class Kube:
             if exc.status == 404:
                 return False
             raise
+
+    async def list_uids(self, resource: GroupResource, namespace: str, label_selector: str) -> set[str]:
+        """The uids of the objects of a kind that carry the labels, as the API server has them now."""
+        path = f"{resource_path(resource, namespace)}?labelSelector={urllib.parse.quote(label_selector)}"
+        return {item["metadata"]["uid"] for item in (await self.request("GET", path))["items"]}
 
     async def patch_status(self, resource: GroupResource, namespace: str, name: str, patch: Mapping[str, Any]) -> dict:
         """Merge-patch the status subresource (in the status lane); returns the object as stored."""

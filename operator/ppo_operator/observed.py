@@ -35,6 +35,7 @@ class PodRecord:
     unschedulable: str
     """The scheduler's reason and message while the pod is not placed ("" once placed)."""
     deleting: bool
+    uid: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +46,7 @@ class ClusterRecord:
     state: str
     suspended: bool
     deleting: bool
+    uid: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +58,7 @@ class PodGroupRecord:
     summary: Mapping[str, Any]
     """{'spec': {'minMember'}, 'status': {...}}: what a gang backend needs to describe its state."""
     deleting: bool
+    uid: str = ""
 
 
 def summarize_pod(body: Mapping[str, Any]) -> PodRecord:
@@ -75,6 +78,7 @@ def summarize_pod(body: Mapping[str, Any]) -> PodRecord:
         scheduled_at=parse_time(scheduled.get("lastTransitionTime")) if scheduled and scheduled.get("status") == "True" else None,
         unschedulable=unschedulable,
         deleting=bool(meta.get("deletionTimestamp")),
+        uid=meta.get("uid", ""),
     )
 
 
@@ -91,6 +95,7 @@ def summarize_raycluster(body: Mapping[str, Any]) -> ClusterRecord:
         state=state or ("provisioned" if provisioned else "pending"),
         suspended=bool((body.get("spec") or {}).get("suspend")),
         deleting=bool(meta.get("deletionTimestamp")),
+        uid=meta.get("uid", ""),
     )
 
 
@@ -106,6 +111,7 @@ def summarize_pod_group(body: Mapping[str, Any]) -> PodGroupRecord:
             "status": dict(body.get("status") or {}),
         },
         deleting=bool(meta.get("deletionTimestamp")),
+        uid=meta.get("uid", ""),
     )
 
 

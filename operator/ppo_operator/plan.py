@@ -52,14 +52,14 @@ class Plan:
         return bool(self.ensure_identity or self.pod_group or self.raycluster or self.launch_attempt is not None)
 
 
-def _pod_group_resource(api_version: str) -> GroupResource | None:
+def pod_group_resource_of(api_version: str) -> GroupResource | None:
     return next((r for r in pod_group_resources() if r.api_version == api_version), None)
 
 
 def _deletions(observed: Observed, keep_attempt: int | None, why: str) -> tuple[Deletion, ...]:
     result = [Deletion(RAYCLUSTERS, c.name, why) for c in observed.clusters if c.attempt != keep_attempt and not c.deleting]
     for group in observed.pod_groups:
-        resource = _pod_group_resource(group.api_version)
+        resource = pod_group_resource_of(group.api_version)
         if group.attempt != keep_attempt and not group.deleting and resource is not None:
             result.append(Deletion(resource, group.name, why))
     return tuple(result)

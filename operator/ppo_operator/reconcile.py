@@ -4,7 +4,10 @@ changed, tell the story in Events, then act on the plan.
 The status is written before acting, so the decision (a new attempt, Failed, Suspended) is durable
 before any child is deleted or created; a crash between the two is repaired by the next reconcile,
 which derives the same plan from the stored status. Children are read from kopf's watch-fed indices
-(passed in as `Children`), never polled. Depends on everything pure, `kube` and a launcher.
+(passed in as `Children`), never polled, with one exception: the children of an earlier attempt
+that linger for AUDIT_AFTER_S are looked up once more on the API server, because kopf lists again
+after a watch's 410 Gone but never drops what the new list lacks, so a deletion that falls in that
+gap would otherwise be waited for forever. Depends on everything pure, `kube` and a launcher.
 """
 
 from __future__ import annotations
@@ -26,16 +29,17 @@ from ppo_operator.job import Job
 from ppo_operator.kube import Kube, KubeError
 from ppo_operator.launchers import Launcher
 from ppo_operator.observed import ClusterRecord, Observed, PodGroupRecord, PodRecord, TrainerRecord
-from ppo_operator.plan import RAYCLUSTERS, Plan, next_wakeup, plan_actions
+from ppo_operator.plan import RAYCLUSTERS, Plan, next_wakeup, plan_actions, pod_group_resource_of
 from ppo_operator.status import compute_status, operator_status, status_changed, status_patch
 from ppojob_api.spec import PPOJobSpec
-from ppojob_api.vocabulary import GROUP, KIND, PLURAL, VERSION, Reason
+from ppojob_api.vocabulary import GROUP, KIND, LABEL_JOB_NAME, PLURAL, VERSION, Reason
 
 log = logging.getLogger(__name__)
 
 PPOJOBS = GroupResource(GROUP, VERSION, PLURAL, KIND)
 PVCS = GroupResource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim")
 SECRETS = GroupResource("", "v1", "secrets", "Secret")
+PODS = GroupResource("", "v1", "pods", "Pod")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,10 +67,24 @@ class JobMemory:
     """Our creates and deletes of children that the watches have not shown yet: ("create" or
     "delete", kind, name) -> when. A reconcile that runs before the watch has delivered them (a
     job's own events wake its daemon at once) would send them again, answered 409 or 404."""
+    lingering_since: datetime | None = None
+    """Since when (or the last audit) children of an earlier attempt are shown by the watches."""
+    phantoms: set[str] = dataclasses.field(default_factory=set)
+    """uids the watches still show that the API server no longer has (found by `Reconciler.audit`)."""
 
 
 UNSEEN_S = 30.0
 """How long a create or delete waits for the watches before it may be sent again."""
+AUDIT_AFTER_S = 10.0
+"""How long children of an earlier attempt may linger before the API server is asked whether they exist."""
+
+
+def without_phantoms(children: Children, phantoms: set[str]) -> Children:
+    """The children minus the records of objects known to be gone."""
+    if not phantoms:
+        return children
+    return Children(*(tuple(r for r in records if r.uid not in phantoms)
+                      for records in (children.pods, children.clusters, children.pod_groups)))
 
 
 def settle(memory: JobMemory, children: Children, now: datetime) -> None:
@@ -110,8 +128,11 @@ class Reconciler:
         if job.deleting:
             return None
         spec, _ = job.parse()
+        children = without_phantoms(children, memory.phantoms)
         observed = await self.observe(job, spec, children, memory)
         now = self.clock()
+        if await self.audit(job, observed, memory, now):
+            return 0.0  # phantoms dropped: again, on what really exists
         settle(memory, children, now)
         status = compute_status(job, observed, now, policy=self.policy)
         if status_changed(job, status):
@@ -130,7 +151,32 @@ class Reconciler:
         wakeup = next_wakeup(spec, status, job.progress, now, policy=self.policy)
         if observed.trainer.handle and status.get("phase") not in ("Succeeded", "Failed", "Suspended"):
             wakeup = min(wakeup if wakeup is not None else self.launcher.poll_seconds, self.launcher.poll_seconds)
+        if memory.lingering_since is not None:  # the audit is due even if no event comes
+            wakeup = min(wakeup if wakeup is not None else AUDIT_AFTER_S, AUDIT_AFTER_S)
         return wakeup
+
+    async def audit(self, job: Job, observed: Observed, memory: JobMemory, now: datetime) -> bool:
+        """Children of earlier attempts that linger AUDIT_AFTER_S (and every AUDIT_AFTER_S after)
+        are looked up on the API server; those it no longer has become phantoms. True if any did."""
+        lingering = observed.stale(job.attempt)
+        if not lingering:
+            memory.lingering_since = None
+            return False
+        if memory.lingering_since is None or (now - memory.lingering_since).total_seconds() < AUDIT_AFTER_S:
+            memory.lingering_since = memory.lingering_since or now
+            return False
+        memory.lingering_since = now
+        resources = {PODS if isinstance(r, PodRecord) else RAYCLUSTERS if isinstance(r, ClusterRecord)
+                     else pod_group_resource_of(r.api_version) for r in lingering}
+        present: set[str] = set()
+        for resource in filter(None, resources):
+            present |= await self.kube.list_uids(resource, job.namespace, f"{LABEL_JOB_NAME}={job.name}")
+        phantoms = {r.uid for r in lingering if r.uid and r.uid not in present}
+        if phantoms:
+            log.warning("%s/%s: the watches still show %s, which the API server no longer has; dropped",
+                        job.namespace, job.name, ", ".join(sorted(r.name for r in lingering if r.uid in phantoms)))
+        memory.phantoms |= phantoms
+        return bool(phantoms)
 
     async def observe(self, job: Job, spec: PPOJobSpec | None, children: Children, memory: JobMemory) -> Observed:
         attempt = job.attempt

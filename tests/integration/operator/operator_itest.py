@@ -33,7 +33,10 @@ def apply(cluster, namespace: str, manifest: dict) -> None:
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(manifest))
 
 
-def wait_for(what: str, probe: Callable[[], Any], timeout: float = 60, interval: float = 0.2) -> Any:
+def wait_for(what: str, probe: Callable[[], Any], timeout: float = 60, interval: float = 0.2,
+             context: Callable[[], Any] | None = None) -> Any:
+    """Polls probe until it returns something truthy; on timeout the error shows its last answer and, when
+    given, what context() says about the state (what a failure needs to be understood afterwards)."""
     deadline = time.monotonic() + timeout
     last = None
     while time.monotonic() < deadline:
@@ -41,7 +44,8 @@ def wait_for(what: str, probe: Callable[[], Any], timeout: float = 60, interval:
         if last:
             return last
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+    state = f"; state: {context()!r}" if context else ""
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}{state}")
 
 
 def phase_of(cluster, namespace: str, name: str) -> str | None:

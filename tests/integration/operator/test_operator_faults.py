@@ -110,7 +110,7 @@ def test_api_server_and_etcd_restarts_mid_run_miss_no_event_for_good(local_clust
         operator.resume()
 
     wait_for("every job finished", lambda: all(p in FINISHED for p in phases(local_cluster, ns).values()),
-             timeout=240, interval=1)
+             timeout=240, interval=1, context=lambda: _unfinished(local_cluster, ns))
     wait_for("every RayCluster torn down", lambda: kget(local_cluster, "rayclusters", ns) == [], timeout=120)
     clusters.stop(), groups.stop()
     final = {job["metadata"]["name"]: job["status"] for job in kget(local_cluster, "ppojobs", ns)}
@@ -133,6 +133,15 @@ def test_api_server_and_etcd_restarts_mid_run_miss_no_event_for_good(local_clust
 
 def _statuses(cluster, namespace: str) -> dict[str, dict]:
     return {job["metadata"]["name"]: job.get("status") or {} for job in kget(cluster, "ppojobs", namespace) or []}
+
+
+def _unfinished(cluster, namespace: str) -> dict:
+    """The unfinished jobs' status, and the pods and RayClusters of the namespace."""
+    pods = {p["metadata"]["name"]: (p["status"].get("phase"), bool(p["metadata"].get("deletionTimestamp")))
+            for p in kget(cluster, "pods", namespace) or []}
+    return {"jobs": {job: status for job, status in _statuses(cluster, namespace).items()
+                     if status.get("phase") not in FINISHED},
+            "pods": pods, "rayclusters": [c["metadata"]["name"] for c in kget(cluster, "rayclusters", namespace) or []]}
 
 
 def _story(cluster, namespace: str, job: str) -> list[str]:

@@ -68,7 +68,7 @@ def pods(attempt: int, count: int, *, placed: bool = True, scheduled_at: datetim
             name=f"tiny-a{attempt}-{role}-{i}", attempt=attempt, role=role, phase=phase if placed else "Pending",
             node=f"kwok-gpu-{i}" if placed else None, created=created or datetime(2026, 1, 1, 11, 0, tzinfo=UTC),
             scheduled_at=(scheduled_at or datetime(2026, 1, 1, 11, 1, tzinfo=UTC)) if placed else None,
-            unschedulable="" if placed else unschedulable, deleting=False,
+            unschedulable="" if placed else unschedulable, deleting=False, uid=f"uid-a{attempt}-{role}-{i}",
         )
         for i, role in enumerate(roles)
     )
@@ -76,10 +76,10 @@ def pods(attempt: int, count: int, *, placed: bool = True, scheduled_at: datetim
 
 def cluster(attempt: int, *, ready: bool = True):
     return ClusterRecord(name=f"tiny-a{attempt}", attempt=attempt, ready=ready, state="ready" if ready else "",
-                         suspended=False, deleting=False)
+                         suspended=False, deleting=False, uid=f"uid-cluster-a{attempt}")
 
 
 def pod_group(attempt: int, *, phase: str = "Pending", scheduled: int = 0):
     return PodGroupRecord(name=f"tiny-a{attempt}", attempt=attempt, api_version="scheduling.x-k8s.io/v1alpha1",
                           kind="PodGroup", summary={"spec": {"minMember": 3}, "status": {"phase": phase, "scheduled": scheduled}},
-                          deleting=False)
+                          deleting=False, uid=f"uid-group-a{attempt}")

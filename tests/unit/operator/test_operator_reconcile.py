@@ -13,13 +13,14 @@ from ppo_operator.builders.common import BuildOptions
 from ppo_operator.decisions import Policy
 from ppo_operator.kube import KubeError
 from ppo_operator.observed import TrainerRecord, TrainerState
-from ppo_operator.reconcile import Children, JobMemory, Reconciler, freshest
+from ppo_operator.reconcile import AUDIT_AFTER_S, Children, JobMemory, Reconciler, freshest
 
 
 class FakeKube:
     def __init__(self):
         self.calls: list[tuple] = []
         self.rv = 100
+        self.present: dict[str, set[str]] = {}  # what list_uids finds, by kind
 
     async def ensure_created(self, manifest):
         self.calls.append(("create", manifest["kind"], manifest["metadata"]["name"]))
@@ -32,6 +33,10 @@ class FakeKube:
     async def exists(self, resource, namespace, name):
         self.calls.append(("get", resource.kind, name))
         return name != "missing"
+
+    async def list_uids(self, resource, namespace, label_selector):
+        self.calls.append(("list", resource.kind, label_selector))
+        return self.present.get(resource.kind, set())
 
     async def patch_status(self, resource, namespace, name, patch):
         self.calls.append(("patch", "status", name))
@@ -195,3 +200,38 @@ def test_a_delete_the_watches_have_not_shown_yet_is_not_sent_again():
     assert creates(kube) == [("delete", "RayCluster", "tiny-a0"), ("delete", "PodGroup", "tiny-a0")]
     asyncio.run(reconciler.reconcile(kube.body, Children(), memory))
     assert memory.unseen == {}
+
+
+def test_children_of_an_earlier_attempt_that_the_api_server_no_longer_has_stop_holding_the_restart():
+    """kopf lists again after a watch's 410 Gone but never drops what the new list lacks: a pod of
+    attempt 0 deleted in that gap stays in its index. After AUDIT_AFTER_S the restart asks the API
+    server, drops what it no longer has, and goes on; what it still has is waited for."""
+    body = make_ppojob(status={"phase": "Restarting", "attempt": 1, "restarts": 1})
+    reconciler, kube, _, _ = make(body)
+    memory = JobMemory(progress_seen={}, identity_ready=True)
+    gone = pods(0, 2)
+    children = Children(pods=gone + pods(1, 2), clusters=(cluster(1),), pod_groups=(pod_group(1, phase="Running"),))
+    kube.present = {"Pod": {p.uid for p in pods(1, 2)}}
+    wakeup = asyncio.run(reconciler.reconcile(kube.body, children, memory))
+    assert kube.body["status"]["phase"] == "Restarting" and wakeup <= AUDIT_AFTER_S
+    assert not [c for c in kube.calls if c[0] == "list"]  # not before AUDIT_AFTER_S
+
+    reconciler.clock = lambda: NOW + timedelta(seconds=AUDIT_AFTER_S + 1)
+    assert asyncio.run(reconciler.reconcile(kube.body, children, memory)) == 0.0
+    assert ("list", "Pod", "ppojob.io/job-name=tiny") in kube.calls
+    assert memory.phantoms == {p.uid for p in gone}
+    asyncio.run(reconciler.reconcile(kube.body, children, memory))
+    assert kube.body["status"]["phase"] != "Restarting"
+
+
+def test_children_of_an_earlier_attempt_that_still_exist_are_waited_for_and_asked_about_again_later():
+    body = make_ppojob(status={"phase": "Restarting", "attempt": 1, "restarts": 1})
+    reconciler, kube, _, _ = make(body)
+    memory = JobMemory(progress_seen={}, identity_ready=True)
+    children = Children(pods=pods(0, 2) + pods(1, 2), clusters=(cluster(1),), pod_groups=(pod_group(1),))
+    kube.present = {"Pod": {p.uid for p in children.pods}}
+    for seconds in (0, AUDIT_AFTER_S + 1, AUDIT_AFTER_S + 2, 2 * AUDIT_AFTER_S + 2):
+        reconciler.clock = lambda seconds=seconds: NOW + timedelta(seconds=seconds)
+        asyncio.run(reconciler.reconcile(kube.body, children, memory))
+    assert len([c for c in kube.calls if c[0] == "list"]) == 2 and memory.phantoms == set()
+    assert kube.body["status"]["phase"] == "Restarting"
