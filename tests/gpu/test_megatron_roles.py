@@ -1,6 +1,6 @@
 """Megatron roles as the product runs them: the process groups go down with every sleep and come
 back with every wake, and the PPO loop runs a Megatron actor, critic and reference over two GPUs
-through Ray (tensor parallel 2, and data parallel 2).
+through Ray (tensor parallel 2, pipeline parallel 2, and data parallel 2).
 
 Skipped without CUDA or megatron-core (CI has neither); the two-GPU tests need two GPUs.
 """
@@ -111,15 +111,16 @@ def tiny_even_vocab(directory) -> str:
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
-@pytest.mark.parametrize("tensor", [2, 1], ids=["tensor-parallel-2", "data-parallel-2"])
-def test_the_loop_runs_megatron_roles_over_two_gpus_through_ray(tensor, tmp_path):
+@pytest.mark.parametrize("parallelism", [{"tensor": 2}, {"pipeline": 2}, {}],
+                         ids=["tensor-parallel-2", "pipeline-parallel-2", "data-parallel-2"])
+def test_the_loop_runs_megatron_roles_over_two_gpus_through_ray(parallelism, tmp_path):
     import ray
 
     from ppo_trainer.checkpoint import read_role_state
     from ppo_trainer.reporting import Recorder
     from ppo_trainer.train import run
 
-    parallel = {"parallelism": {"tensor": tensor}}
+    parallel = {"parallelism": parallelism}
     spec = megatron_spec(
         tiny_even_vocab(tmp_path / "model"), model={"tokenizer": "builtin:tiny"}, actor=parallel, critic=parallel,
         resources={"nodes": 1, "gpusPerNode": 2}, checkpoint={"interval": 3}, offload={"train": True, "rollout": True},
@@ -134,7 +135,7 @@ def test_the_loop_runs_megatron_roles_over_two_gpus_through_ray(tensor, tmp_path
     assert state.step == 3 and state.critic_only_steps_done == 1
     rewards = [h["reward_mean"] for h in state.history]
     assert all(r == r for r in rewards)
-    print(f"\ntensor {tensor}: rewards {rewards}, seconds {[round(h['seconds'], 2) for h in state.history]},"
+    print(f"\n{parallelism or 'data parallel'}: rewards {rewards}, seconds {[round(h['seconds'], 2) for h in state.history]},"
           f" last step's stages {state.history[-1]['stage_seconds']}")
     groups = [f for kind, f in recorder.events if kind == "transition" and f["role"].endswith(".process_group")]
     assert {(f["role"], f["rank"]) for f in groups} == {(f"{r}.process_group", k) for r in ("actor", "critic", "ref")
@@ -143,9 +144,13 @@ def test_the_loop_runs_megatron_roles_over_two_gpus_through_ray(tensor, tmp_path
     latest = sorted((tmp_path / "ckpt").glob("step-*"))[-1]
     shards = [read_role_state(latest, role="actor", rank=rank)["backend"]["model"] for rank in (0, 1)]
     name = "embedding.word_embeddings.weight"
-    if tensor == 2:  # each rank holds half of the vocabulary's rows, and the halves differ
+    if parallelism.get("tensor") == 2:  # each rank holds half of the vocabulary's rows, and the halves differ
         assert shards[0][name].shape[0] == shards[1][name].shape[0] == 130
         assert not torch.equal(shards[0][name], shards[1][name])
+    elif parallelism.get("pipeline") == 2:  # one layer each: the embedding on the first, the head on the last
+        assert name in shards[0] and "output_layer.weight" not in shards[0]
+        assert name not in shards[1] and "output_layer.weight" in shards[1]
+        assert all(not n.startswith("decoder.layers.") or n.startswith("decoder.layers.0.") for s in shards for n in s)
     else:  # data parallel: both ranks hold the whole model, identical after the same averaged updates
         assert shards[0][name].shape[0] == 260
         for key in shards[0]:

@@ -112,6 +112,34 @@ def test_tensor_parallel_shards_reassemble_and_keep_whole_groups(size):
     assert torch.equal(half, torch.cat([gate.chunk(2)[1], up.chunk(2)[1]]))
 
 
+@pytest.mark.parametrize("tied", [True, False])
+def test_pipeline_stages_split_the_layers_and_reassemble(tied):
+    model = tiny("qwen2", tied=tied)
+    shape = conversion.Shape.from_hf_config(model.config)
+    state = conversion.hf_to_megatron(model.state_dict(), shape)
+    stages = []
+    for stage in range(2):
+        layers = conversion.stage_layers(2, stage=stage, stages=2)
+        held = conversion.to_stage(state, shape, layers=layers, first=stage == 0, last=stage == 1)
+        assert {n.split(".")[2] for n in held if n.startswith("decoder.layers.")} == {"0"}  # numbered from 0
+        stages.append(conversion.from_stage(held, shape, layers=layers, first=stage == 0))
+    first, last = stages
+    assert "embedding.word_embeddings.weight" in first and "decoder.final_layernorm.weight" in last
+    assert torch.equal(first["decoder.layers.0.input_layernorm.weight"], state["decoder.layers.0.input_layernorm.weight"])
+    assert torch.equal(last["decoder.layers.1.input_layernorm.weight"], state["decoder.layers.1.input_layernorm.weight"])
+    assert {**first, **last}.keys() == state.keys() and not first.keys() & last.keys()
+    held_last = conversion.to_stage(state, shape, layers=range(1, 2), first=False, last=True)
+    # The last stage's output layer is its copy of the tied embedding, or the LM head.
+    head = state["embedding.word_embeddings.weight"] if tied else state["output_layer.weight"]
+    assert torch.equal(held_last["output_layer.weight"], head)
+
+
+def test_a_layer_count_that_does_not_split_over_the_pipeline_names_the_field():
+    with pytest.raises(ValueError, match=r"actor.parallelism.pipeline=4.*divides 6"):
+        conversion.stage_layers(6, stage=0, stages=4)
+    assert conversion.stage_layers(24, stage=1, stages=2) == range(12, 24)
+
+
 def test_critic_conversion_drops_the_lm_head_and_maps_the_value_head():
     model = tiny("llama", tied=False)
     shape = conversion.Shape.from_hf_config(model.config, value_head=True)

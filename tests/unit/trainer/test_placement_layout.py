@@ -36,8 +36,8 @@ def test_no_gpus_left_for_training_is_a_clear_error():
         compute_layout(spec(placement="Disaggregated", rollout={"gpus": 2}), use_gpus=True)
 
 
-def test_megatron_tensor_parallel_ranks_are_placed_one_per_gpu():
-    parallel = {"tensor": 2}
+@pytest.mark.parametrize("parallel", [{"tensor": 2}, {"pipeline": 2}])
+def test_megatron_model_parallel_ranks_are_placed_one_per_gpu(parallel):
     layout = compute_layout(spec(actor={"backend": "Megatron", "parallelism": parallel},
                                  critic={"parallelism": parallel}), use_gpus=True)
     assert (layout.train_ranks, layout.rollout_engines) == (2, 2)
@@ -48,8 +48,8 @@ def test_megatron_tensor_parallel_ranks_are_placed_one_per_gpu():
     [
         ({"actor": {"parallelism": {"tensor": 2}}, "critic": {"parallelism": {"tensor": 2}}},
          "Torch backend runs one device per rank"),
-        ({"actor": {"backend": "Megatron", "parallelism": {"pipeline": 2}},
-          "critic": {"parallelism": {"pipeline": 2}}}, "actor.parallelism.pipeline=2"),
+        ({"actor": {"parallelism": {"pipeline": 2}}, "critic": {"parallelism": {"pipeline": 2}}},
+         "Torch backend runs one device per rank"),
         ({"rollout": {"tensorParallel": 2}}, "rollout.tensorParallel to 1"),
     ],
 )

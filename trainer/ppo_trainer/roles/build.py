@@ -75,12 +75,7 @@ def compute_layout(spec: PPOJobSpec, *, use_gpus: bool, cpu_ranks: int = 1) -> L
     if parallel.model_parallel_size != 1 and spec.actor.backend != TrainBackend.MEGATRON:
         raise PlacementError(
             "the Torch backend runs one device per rank: set actor.parallelism and critic.parallelism to 1,"
-            " or use actor.backend Megatron for tensor parallelism"
-        )
-    if parallel.pipeline != 1:
-        raise PlacementError(
-            f"actor.parallelism.pipeline={parallel.pipeline}: the Megatron backend runs pipeline size 1 only"
-            " (its train loop has no pipeline schedule); use tensor parallelism instead"
+            " or use actor.backend Megatron for tensor and pipeline parallelism"
         )
     if spec.rollout.tensor_parallel != 1:
         raise PlacementError("the rollout engines run one device each for now: set rollout.tensorParallel to 1")

@@ -15,9 +15,11 @@ Offload parks the parameter buffers, the fp32 main parameters and the Adam momen
 host buffers (allocated once, reused) and frees the device storage in place, so every view into
 a buffer (parameters, optimizer shards) stays valid; the gradient buffers are freed without a
 copy, since `train` zeroes them before use. Runs on CUDA only (megatron's RNG tracker and
-buffers). Written against the API megatron-core 0.16.1 and 0.19.2 share. Tensor parallelism
-follows the spec (weights sharded on load, gathered for export); pipeline parallelism > 1 is
-refused. When the role's process group is destroyed around a sleep, `release_process_groups` and
+buffers). Written against the API megatron-core 0.16.1 and 0.19.2 share. Tensor and pipeline
+parallelism follow the spec: weights are sharded and staged on load and gathered for export; every
+pass, pipelined or not, runs through megatron's forward-backward schedule (1F1B over the
+micro-batches when pipelined), and what the last stage computes (log-probs, values, loss
+statistics) is broadcast to the other stages, so every rank returns the same. When the role's process group is destroyed around a sleep, `release_process_groups` and
 `attach_process_groups` take megatron's groups down and up with it, re-pointing the references
 the layers, DDP buckets and optimizer keep. Must not depend on Ray or the PPO loop.
 """
@@ -36,9 +38,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from megatron.core import parallel_state, tensor_parallel
-from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 from megatron.core.models.gpt import GPTModel
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.module import Float16Module
 
@@ -62,11 +65,6 @@ def ensure_parallel_state(*, tensor: int, pipeline: int, seed: int | None) -> No
     a launcher's MASTER_ADDR/RANK/WORLD_SIZE when set, else a world of one. `seed` seeds megatron's
     CUDA RNG tracker (None: leave it, as when groups are rebuilt after a sleep).
     """
-    if pipeline != 1:
-        raise ValueError(
-            f"parallelism.pipeline={pipeline}: the megatron backend runs pipeline size 1 only "
-            "(its train loop has no pipeline schedule); use tensor parallelism instead"
-        )
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if not dist.is_initialized():
         if "MASTER_ADDR" in os.environ:
@@ -77,11 +75,16 @@ def ensure_parallel_state(*, tensor: int, pipeline: int, seed: int | None) -> No
                 port = s.getsockname()[1]
             dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", world_size=1, rank=0)
     if parallel_state.model_parallel_is_initialized():
-        have = parallel_state.get_tensor_model_parallel_world_size()
-        if have != tensor:
-            raise ValueError(f"this process already runs tensor parallel size {have}; a backend asked for {tensor}")
+        have = (parallel_state.get_tensor_model_parallel_world_size(), parallel_state.get_pipeline_model_parallel_world_size())
+        if have != (tensor, pipeline):
+            raise ValueError(f"this process already runs (tensor, pipeline) parallel sizes {have}; a backend asked for"
+                             f" {(tensor, pipeline)}")
     else:
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tensor, pipeline_model_parallel_size=pipeline)
+        # Model-parallel ranks are contiguous (tensor first, then pipeline), data-parallel outermost:
+        # the layout RoleWorker's data_rank assumes.
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=tensor, pipeline_model_parallel_size=pipeline, order="tp-cp-ep-pp-dp"
+        )
     if seed is not None:
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
 
@@ -214,6 +217,8 @@ class MegatronBackend:
         self.device = torch.device("cuda", torch.cuda.current_device())
         self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
         self.tp_size = tensor_parallel
+        self.pp_rank, self.pp_size = parallel_state.get_pipeline_model_parallel_rank(), pipeline_parallel
+        self.first_stage, self.last_stage = self.pp_rank == 0, self.pp_rank == pipeline_parallel - 1
 
         directory = resolve_model_dir(model_spec.path)
         if directory is None:
@@ -229,6 +234,7 @@ class MegatronBackend:
                 " or choose a tensor-parallel size that divides it"
             )
         self.shape = conversion.Shape.from_hf_config(hf_config, value_head=self.is_value_model)
+        self.layers = conversion.stage_layers(hf_config.num_hidden_layers, stage=self.pp_rank, stages=pipeline_parallel)
         self.config = TransformerConfig(
             **transformer_config_kwargs(hf_config, tensor=tensor_parallel, pipeline=pipeline_parallel, dtype=self.dtype),
             activation_func=F.silu,
@@ -237,11 +243,11 @@ class MegatronBackend:
         self.gpt = GPTModel(
             config=self.config,
             transformer_layer_spec=layer_spec(),
-            pre_process=True,
-            post_process=True,
+            pre_process=self.first_stage,
+            post_process=self.last_stage,
             **gpt_model_kwargs(hf_config, value_head=self.is_value_model),
         )
-        if self.is_value_model:
+        if self.is_value_model and self.last_stage:
             self.gpt.output_layer = ValueHead(hf_config.hidden_size, seed=seed, device=self.device, dtype=torch.float32)
         self.gpt.to(self.device)  # torch-norm fallbacks are built on the CPU
         if directory is not None:
@@ -278,9 +284,10 @@ class MegatronBackend:
         )
 
     def _load_hf(self, directory: Path) -> None:
-        """Weights of a Hugging Face checkpoint directory, converted and sliced for this rank."""
+        """Weights of a Hugging Face checkpoint directory, converted, staged and sliced for this rank."""
         full = conversion.hf_to_megatron(read_hf_state(directory), self.shape)
-        local = {name: conversion.shard(name, t, self.shape, rank=self.tp_rank, size=self.tp_size) for name, t in full.items()}
+        staged = conversion.to_stage(full, self.shape, layers=self.layers, first=self.first_stage, last=self.last_stage)
+        local = {name: conversion.shard(name, t, self.shape, rank=self.tp_rank, size=self.tp_size) for name, t in staged.items()}
         missing, unexpected = self.gpt.load_state_dict(local, strict=False)
         missing = [n for n in missing if not n.endswith("_extra_state") and not (self.is_value_model and n.startswith("output_layer."))]
         if missing or unexpected:
@@ -292,12 +299,18 @@ class MegatronBackend:
         """No-grad pass: {"log_probs"[, "entropy"]} or {"values"}, [B, T] float32 on CPU, 0 on padding."""
         self._require_on_device("forward")
         self.model.eval()
-        parts: dict[str, list[torch.Tensor]] = {}
         with torch.no_grad():
-            for rows in torch.arange(batch.size).split(self.forward_micro_batch_size):
-                for key, value in self._outputs(batch, rows, with_entropy=with_entropy).items():
-                    parts.setdefault(key, []).append(value.float().cpu())
-        return {key: torch.cat(chunks) for key, chunks in parts.items()}
+            parts = self._schedule(batch, self.forward_micro_batch_size, lambda outputs, rows: outputs,
+                                   with_entropy=with_entropy, forward_only=True)
+            keys = ["values"] if self.is_value_model else ["log_probs", *(["entropy"] if with_entropy else [])]
+            shape = (batch.size, batch.response_length)
+            outputs = {key: torch.cat([part[key] for part in parts]) if self.last_stage
+                       else torch.empty(shape, dtype=torch.float32, device=self.device) for key in keys}
+            if self.pp_size > 1:
+                for key in keys:
+                    dist.broadcast(outputs[key], src=parallel_state.get_pipeline_model_parallel_last_rank(),
+                                   group=parallel_state.get_pipeline_model_parallel_group())
+        return {key: value.cpu() for key, value in outputs.items()}
 
     def train(self, batch: RolloutBatch, loss_fn: LossFn, *, micro_batch_size: int) -> dict[str, float]:
         """One optimizer step over the batch; micro-batch losses weighted by their share of rows."""
@@ -309,43 +322,83 @@ class MegatronBackend:
         self.model.train()
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
-        totals: dict[str, float] = {"loss": 0.0}
-        for rows in torch.arange(batch.size).split(micro_batch_size):
+        micro_batches = math.ceil(batch.size / micro_batch_size)
+
+        def weighted_loss(outputs: dict[str, torch.Tensor], rows: torch.Tensor):
+            # The schedule divides each micro-batch's loss by their count: weight by the share of rows instead.
             weight = len(rows) / batch.size
-            loss, stats = loss_fn(self._outputs(batch, rows, with_entropy=not self.is_value_model), rows)
-            (loss * weight).backward()
-            totals["loss"] += weight * float(loss.detach())
-            for key, value in stats.items():
-                totals[key] = totals.get(key, 0.0) + weight * float(value)
-        self.model.finish_grad_sync()
+            loss, stats = loss_fn(outputs, rows)
+            return loss * (weight * micro_batches), {"loss": float(loss.detach()), **stats, "weight": weight}
+
+        parts = self._schedule(batch, micro_batch_size, weighted_loss, with_entropy=not self.is_value_model,
+                               forward_only=False)
+        finalize_model_grads([self.model])  # data-parallel reduce; the two copies of a tied embedding summed
+        totals: dict[str, float] = {}
+        for part in parts:
+            for key, value in part.items():
+                if key != "weight":
+                    totals[key] = totals.get(key, 0.0) + part["weight"] * float(value)
+        if self.pp_size > 1:
+            carried = [totals]
+            dist.broadcast_object_list(carried, src=parallel_state.get_pipeline_model_parallel_last_rank(),
+                                       group=parallel_state.get_pipeline_model_parallel_group())
+            totals = carried[0]
         updated, grad_norm, _ = self.optimizer.step()
         grad_norm = float(grad_norm) if grad_norm is not None else math.nan
         return {**totals, "grad_norm": grad_norm, "skipped": 0.0 if updated else 1.0}
 
-    def _outputs(self, batch: RolloutBatch, rows: torch.Tensor, *, with_entropy: bool) -> dict[str, torch.Tensor]:
-        """Model outputs for `rows`, [b, T], zero where the response mask is 0.
+    def _schedule(self, batch: RolloutBatch, micro_batch_size: int, consume, *, with_entropy: bool,
+                  forward_only: bool) -> list:
+        """Megatron's forward-backward schedule over the batch's micro-batches: on the last stage each
+        micro-batch's outputs (`_outputs`) go to `consume(outputs, rows)`, whose results come back in
+        order (a loss and its statistics when training). Other stages return []."""
+        micro_batches = list(torch.arange(batch.size).split(micro_batch_size))
 
-        Rows go in aligned (`aligned_rows`): plain causal attention, positions are the columns.
+        def forward_step(data_iterator, model):
+            rows = next(data_iterator)
+            aligned = aligned_rows(batch, rows)
+            ids = aligned.input_ids.to(self.device)
+            positions = torch.arange(ids.shape[1], device=self.device).expand(len(rows), -1)
+            extra = {"fp32_output": False} if self.half else {}
+            head: dict = {}
+            if self.last_stage and not self.is_value_model and self.tp_size == 1:
+                with _hidden_states_out(self.gpt.output_layer) as head:
+                    output = model(input_ids=ids, position_ids=positions, attention_mask=None, **extra)
+            else:
+                output = model(input_ids=ids, position_ids=positions, attention_mask=None, **extra)
+
+            def last_stage(output, non_loss_data=False):
+                outputs = self._outputs(output, head.get("weight"), batch, rows, aligned, with_entropy=with_entropy)
+                return consume(outputs, rows)
+
+            return output, last_stage
+
+        return get_forward_backward_func()(
+            forward_step_func=forward_step, data_iterator=iter(micro_batches), model=self.model,
+            num_microbatches=len(micro_batches), seq_length=batch.tokens.shape[1], micro_batch_size=micro_batch_size,
+            forward_only=forward_only, collect_non_loss_data=forward_only,
+        )
+
+    def _outputs(self, output: torch.Tensor, head_weight: torch.Tensor | None, batch: RolloutBatch, rows: torch.Tensor,
+                 aligned, *, with_entropy: bool) -> dict[str, torch.Tensor]:
+        """The last stage's model output for `rows` -> {"log_probs"[, "entropy"]} or {"values"}, [b, T],
+        zero where the response mask is 0.
+
+        Rows go in aligned (`aligned_rows`): plain causal attention, positions are the columns. With
+        `head_weight` the output is the final hidden states and the output layer is applied here.
         """
         t = batch.response_length
-        aligned = aligned_rows(batch, rows)
-        ids = aligned.input_ids.to(self.device)
-        positions = torch.arange(ids.shape[1], device=self.device).expand(len(rows), -1)
-        extra = {"fp32_output": False} if self.half else {}
         at = aligned.predict_at.to(self.device)
         targets = aligned.targets.to(self.device)
         kept = aligned.kept
         if self.is_value_model:
-            output = self.model(input_ids=ids, position_ids=positions, attention_mask=None, **extra)
             outputs = {"values": output.squeeze(-1).gather(1, at).float()}
-        elif self.tp_size == 1:
+        elif head_weight is not None:
             # The output layer, log-softmax and entropy only on positions of real response tokens.
-            with _hidden_states_out(self.gpt.output_layer) as head:
-                hidden = self.model(input_ids=ids, position_ids=positions, attention_mask=None, **extra)
-            hidden = hidden.gather(1, at[:, :, None].expand(-1, -1, hidden.shape[-1]))
+            hidden = output.gather(1, at[:, :, None].expand(-1, -1, output.shape[-1]))
             real = aligned.real.to(self.device)
             log_probs, entropy = chunked_log_probs_and_entropy(
-                hidden[real], head["weight"], targets[real], temperature=self.logits_temperature,
+                hidden[real], head_weight, targets[real], temperature=self.logits_temperature,
                 with_entropy=with_entropy, compiled=self.compile,
             )
             zeros = torch.zeros(real.shape, dtype=torch.float32, device=self.device)
@@ -353,7 +406,6 @@ class MegatronBackend:
             if with_entropy:
                 outputs["entropy"] = zeros.masked_scatter(real, entropy)
         else:
-            output = self.model(input_ids=ids, position_ids=positions, attention_mask=None, **extra)
             logits = output.gather(1, at[:, :, None].expand(-1, -1, output.shape[-1])).float() / self.logits_temperature
             outputs = {"log_probs": log_probs_from_logits(logits, targets)}
             if with_entropy:
@@ -373,7 +425,7 @@ class MegatronBackend:
     def attach_process_groups(self) -> None:
         """After the default group is rebuilt (the role woke): megatron's groups again, and every
         reference the model and optimizer hold re-pointed from the destroyed groups to them."""
-        ensure_parallel_state(tensor=self.tp_size, pipeline=1, seed=None)
+        ensure_parallel_state(tensor=self.tp_size, pipeline=self.pp_size, seed=None)
         repoint_process_groups(self._group_holders(), self._held_groups, megatron_process_groups())
         self._held_groups = {}
 
@@ -468,7 +520,25 @@ class MegatronBackend:
                 shards = [torch.empty_like(tensor) for _ in range(self.tp_size)]
                 dist.all_gather(shards, tensor.contiguous(), group=group)
                 state[name] = conversion.unshard(name, shards, self.shape)
+        state = conversion.from_stage(state, self.shape, layers=self.layers, first=self.first_stage)
+        if self.pp_size > 1:
+            state = self._gather_stages(state)
         yield from conversion.megatron_to_hf(state, self.shape)
+
+    def _gather_stages(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Every pipeline stage's weights (full-model names) on every stage: each stage in turn
+        broadcasts its names and shapes, then its tensors."""
+        group = parallel_state.get_pipeline_model_parallel_group()
+        everything: dict[str, torch.Tensor] = {}
+        for stage, source in enumerate(dist.get_process_group_ranks(group)):
+            mine = stage == self.pp_rank
+            listing = [[(name, tensor.shape, tensor.dtype) for name, tensor in state.items()] if mine else None]
+            dist.broadcast_object_list(listing, src=source, group=group)
+            for name, shape, dtype in listing[0]:
+                tensor = state[name].contiguous() if mine else torch.empty(shape, dtype=dtype, device=self.device)
+                dist.broadcast(tensor, src=source, group=group)
+                everything[name] = tensor
+        return everything
 
     def _inner_optimizers(self) -> list[torch.optim.Optimizer]:
         """The torch optimizers under megatron's (one per chained optimizer) over this rank's main parameters."""

@@ -65,6 +65,10 @@ def transformer_config_kwargs(config, *, tensor: int, pipeline: int, dtype: torc
         "fp16": dtype == torch.float16,
         "params_dtype": dtype,
         "pipeline_dtype": dtype,
+        # Each micro-batch is cut to its own longest row: pipeline stages exchange shapes first
+        # (megatron refuses that with its default MoE dispatcher, unused here: no experts).
+        "variable_seq_lengths": True,
+        "moe_token_dispatcher_type": "alltoall",
         "attention_softmax_in_fp32": half,
         "bias_activation_fusion": False,
         "bias_dropout_fusion": False,

@@ -7,7 +7,11 @@ the column-parallel weights (whole key/value groups of `linear_qkv`; the gate an
 `linear_fc1` sliced separately), a column slice of the row-parallel ones (`linear_proj`,
 `linear_fc2`), a vocabulary slice of the embedding and output layer, and full norms. The critic's
 value head sits where the output layer would (`output_layer.weight` [1, hidden] and `.bias`),
-replicated. Must not import megatron: these functions are tested on a CPU.
+replicated. Under pipeline parallelism stage s of S holds layers [s*L/S, (s+1)*L/S), numbered from
+0 in its own state dict; the first stage holds the embedding, the last the final norm and the output
+layer (with tied embeddings and S > 1, the last stage keeps its own copy of the embedding there,
+which megatron keeps equal by summing the two copies' gradients). Must not import megatron: these
+functions are tested on a CPU.
 """
 
 from __future__ import annotations
@@ -187,3 +191,46 @@ def unshard(name: str, shards: list[torch.Tensor], shape: Shape) -> torch.Tensor
         halves = [part.chunk(2) for part in shards]
         return torch.cat([torch.cat([h[0] for h in halves]), torch.cat([h[1] for h in halves])])
     return torch.cat(shards, dim=1 if kind == "row" else 0)
+
+
+def stage_layers(num_layers: int, *, stage: int, stages: int) -> range:
+    """The global indices of the layers pipeline stage `stage` of `stages` holds (an even split)."""
+    if num_layers % stages:
+        raise ValueError(
+            f"the model's {num_layers} layers do not split evenly over actor.parallelism.pipeline={stages}:"
+            f" choose a pipeline size that divides {num_layers}"
+        )
+    per_stage = num_layers // stages
+    return range(stage * per_stage, (stage + 1) * per_stage)
+
+
+def _renumber(name: str, offset: int) -> str:
+    match = MEGATRON_LAYER.match(name)
+    return name if match is None else f"decoder.layers.{int(match.group(1)) + offset}.{match.group(2)}"
+
+
+def to_stage(state: Mapping[str, torch.Tensor], shape: Shape, *, layers: range, first: bool, last: bool) -> dict[str, torch.Tensor]:
+    """Full megatron weights -> what one pipeline stage holds, its layers numbered from 0 (`layers`:
+    `stage_layers`). A last stage that is not also the first gets the tied embedding as its output layer."""
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        match = MEGATRON_LAYER.match(name)
+        if match is not None:
+            if int(match.group(1)) in layers:
+                out[_renumber(name, -layers.start)] = tensor
+        elif name.startswith("embedding."):
+            if first:
+                out[name] = tensor
+            if last and not first and shape.tied_embeddings:
+                out["output_layer.weight"] = tensor
+        elif last:
+            out[name] = tensor
+    return out
+
+
+def from_stage(state: Mapping[str, torch.Tensor], shape: Shape, *, layers: range, first: bool) -> dict[str, torch.Tensor]:
+    """One pipeline stage's weights under the full model's names (the inverse of `to_stage`); the
+    last stage's copy of a tied embedding is left out (the first stage's is the weight)."""
+    tied_copy = shape.tied_embeddings and not first
+    return {_renumber(name, layers.start): tensor for name, tensor in state.items()
+            if not (tied_copy and name == "output_layer.weight")}
