@@ -173,8 +173,10 @@ class Reconciler:
             present |= await self.kube.list_uids(resource, job.namespace, f"{LABEL_JOB_NAME}={job.name}")
         phantoms = {r.uid for r in lingering if r.uid and r.uid not in present}
         if phantoms:
+            kinds = {PodRecord: "Pod", ClusterRecord: "RayCluster"}
+            gone = sorted(f"{kinds.get(type(r)) or r.kind} {r.name}" for r in lingering if r.uid in phantoms)
             log.warning("%s/%s: the watches still show %s, which the API server no longer has; dropped",
-                        job.namespace, job.name, ", ".join(sorted(r.name for r in lingering if r.uid in phantoms)))
+                        job.namespace, job.name, ", ".join(gone))
         memory.phantoms |= phantoms
         return bool(phantoms)
 
