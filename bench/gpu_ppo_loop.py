@@ -25,9 +25,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 sys.path[:0] = [str(ROOT), str(ROOT.parent / "trainer"), str(ROOT.parent / "api")]
 
-from gpu_ppo_step import make_checkpoint  # noqa: E402  (the same random Qwen2.5-0.5B checkpoint)
+from gpu_ppo_step import make_checkpoint
 
-from ppojob_api.spec import parse_spec  # noqa: E402
+from ppojob_api.spec import parse_spec
 
 
 def write_prompts(path: Path, count: int, length: int, seed: int) -> None:

@@ -7,6 +7,7 @@ Skipped without CUDA or megatron-core (CI has neither); the two-GPU tests need t
 
 from __future__ import annotations
 
+import math
 import tempfile
 
 import pytest
@@ -21,7 +22,7 @@ pytestmark = [
 ]
 pytest.importorskip("megatron.core", reason="needs megatron-core (tools/gpu-bundle packs it)")
 
-from test_megatron_backend import checkpoint, make_batch  # noqa: E402,F401  (fixture and helper)
+from test_megatron_backend import checkpoint, make_batch  # noqa: F401  (fixture and helper)
 
 
 def megatron_spec(path: str, **sections) -> object:
@@ -134,14 +135,14 @@ def test_the_loop_runs_megatron_roles_over_two_gpus_through_ray(parallelism, tmp
         ray.shutdown()
     assert state.step == 3 and state.critic_only_steps_done == 1
     rewards = [h["reward_mean"] for h in state.history]
-    assert all(r == r for r in rewards)
+    assert all(math.isfinite(r) for r in rewards)
     print(f"\n{parallelism or 'data parallel'}: rewards {rewards}, seconds {[round(h['seconds'], 2) for h in state.history]},"
           f" last step's stages {state.history[-1]['stage_seconds']}")
     groups = [f for kind, f in recorder.events if kind == "transition" and f["role"].endswith(".process_group")]
     assert {(f["role"], f["rank"]) for f in groups} == {(f"{r}.process_group", k) for r in ("actor", "critic", "ref")
                                                       for k in (0, 1)}
     print(f"process group transitions: {len(groups)}, {sum(f['seconds'] for f in groups) / len(groups):.3f} s each on average")
-    latest = sorted((tmp_path / "ckpt").glob("step-*"))[-1]
+    latest = max((tmp_path / "ckpt").glob("step-*"))
     shards = [read_role_state(latest, role="actor", rank=rank)["backend"]["model"] for rank in (0, 1)]
     name = "embedding.word_embeddings.weight"
     if parallelism.get("tensor") == 2:  # each rank holds half of the vocabulary's rows, and the halves differ

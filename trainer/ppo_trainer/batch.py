@@ -43,7 +43,7 @@ class RolloutBatch:
     def num_response_tokens(self) -> int:
         return int(self.response_mask.sum().item())
 
-    def shard(self, rank: int, world_size: int) -> "RolloutBatch":
+    def shard(self, rank: int, world_size: int) -> RolloutBatch:
         """Rows rank::world_size, so that rank i of the actor and rank i of the critic see the same rows."""
         rows = torch.arange(rank, self.size, world_size)
         return replace(

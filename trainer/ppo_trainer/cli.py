@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from ppojob_api.spec import PPOJobSpec, SpecError, spec_from_manifest
 
 EXIT_CONFIG = 2

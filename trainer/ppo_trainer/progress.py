@@ -11,12 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from ppojob_api.vocabulary import RolloutResidency, Stage, TrainResidency
-
 from ppo_trainer.checkpoint import TrainerState
 from ppo_trainer.metrics import StepMetrics
 from ppo_trainer.offload import Transition
 from ppo_trainer.reporting import CheckpointInfo, Progress, Reporter, utc_now
+from ppojob_api.vocabulary import RolloutResidency, Stage, TrainResidency
 
 Poll = Callable[[], tuple[list[Transition], dict[str, str]]]
 

@@ -19,9 +19,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ppojob_api.vocabulary import GROUP, PLURAL, VERSION, Stage
-
 from ppo_trainer.reporting import Progress, utc_now
+from ppojob_api.vocabulary import GROUP, PLURAL, VERSION, Stage
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,6 @@ from __future__ import annotations
 import time
 
 import ray
-from ppojob_api.spec import PPOJobSpec
-from ppojob_api.vocabulary import Stage
 
 from ppo_trainer.checkpoint import CheckpointManager, TrainerState, capture_rng, restore_rng
 from ppo_trainer.data import PromptSampler, load_jsonl_prompts, synthetic_prompts
@@ -22,6 +20,8 @@ from ppo_trainer.metrics import StageTimer, StepMetrics
 from ppo_trainer.progress import ProgressTracker
 from ppo_trainer.reporting import Reporter
 from ppo_trainer.roles.build import Roles, build_roles, compute_layout
+from ppojob_api.spec import PPOJobSpec
+from ppojob_api.vocabulary import Stage
 
 SYNTHETIC_PROMPTS = 1024
 

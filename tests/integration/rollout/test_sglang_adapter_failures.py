@@ -7,6 +7,7 @@ does while unhealthy) and exits while serving the third, like a server killed mi
 from __future__ import annotations
 
 import pytest
+
 from ppo_trainer.rollout.base import SamplingParams
 from ppo_trainer.rollout.sglang.client import RetryPolicy, RolloutServerError
 from ppo_trainer.rollout.sglang.engine import SGLangRolloutEngine

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from ppo_trainer.models.builtin import build_policy
 from ppo_trainer.rollout.base import SamplingParams
 from ppo_trainer.rollout.sglang.engine import SGLangRolloutEngine

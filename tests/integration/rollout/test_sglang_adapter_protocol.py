@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
+
 from ppo_trainer.models.builtin import build_policy
 from ppo_trainer.offload import OffloadError
 from ppo_trainer.rollout.base import SamplingParams

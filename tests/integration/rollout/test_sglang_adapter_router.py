@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
+
 from ppo_trainer.rollout.base import SamplingParams
 from ppo_trainer.rollout.sglang.engine import SGLangRolloutEngine
 from ppo_trainer.rollout.sglang.launcher import launch_engine_server, launch_router

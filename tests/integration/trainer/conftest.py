@@ -9,11 +9,13 @@ from __future__ import annotations
 import tempfile
 
 import pytest
+
 from ppo_trainer.cli import configure_ray_auth
 
 configure_ray_auth(joining=False)
 
 import ray
+
 from ppo_trainer.roles.build import build_roles, compute_layout
 from ppo_trainer.train import restore_roles, save_roles
 from ppojob_api.spec import PPOJobSpec, parse_spec

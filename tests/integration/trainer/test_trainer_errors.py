@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import yaml
+
 from ppo_trainer.cli import load_config
 
 BASE = {"model": {"path": "builtin:tiny"}, "ppo": {"numRollouts": 2}}

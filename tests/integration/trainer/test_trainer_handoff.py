@@ -5,6 +5,7 @@ from __future__ import annotations
 import ray
 import torch
 from conftest import tiny_spec
+
 from ppo_trainer.data import synthetic_prompts
 from ppo_trainer.reporting import Recorder
 from ppo_trainer.roles.build import build_roles, compute_layout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from conftest import tiny_spec
+
 from ppo_trainer.reporting import Recorder
 from ppo_trainer.train import run_on
 

@@ -76,9 +76,9 @@ def compare(model: type[BaseModel], schema: dict, path: str, problems: list[str]
             default = None
         if prop.get("default") != default and not (default is None and "default" not in prop):
             problems.append(f"{where}: default {prop.get('default')!r} in the CRD, {default!r} in Python")
-        if isinstance(inner, type) and issubclass(inner, enum.Enum):
-            if sorted(prop.get("enum", [])) != sorted(m.value for m in inner):
-                problems.append(f"{where}: enum {prop.get('enum')} in the CRD, {[m.value for m in inner]}")
+        if (isinstance(inner, type) and issubclass(inner, enum.Enum)
+                and sorted(prop.get("enum", [])) != sorted(m.value for m in inner)):
+            problems.append(f"{where}: enum {prop.get('enum')} in the CRD, {[m.value for m in inner]}")
         crd_bounds = {k: prop[k] for k in ("minimum", "maximum", "exclusiveMinimum") if k in prop}
         if crd_bounds != field_bounds(field):
             problems.append(f"{where}: bounds {crd_bounds} in the CRD, {field_bounds(field)} in Python")

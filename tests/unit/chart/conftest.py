@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from local_cluster.pins import build_dir, load_pins
 
 REPO = Path(__file__).resolve().parents[3]

@@ -7,7 +7,6 @@ import subprocess
 
 import pytest
 import yaml
-
 from conftest import CHART, REPO
 
 
@@ -22,7 +21,7 @@ def test_chart_crd_is_the_crds_folder_copy():
 
 
 def test_helm_lint_is_clean(helm):
-    result = subprocess.run([str(helm), "lint", "--strict", str(CHART)], capture_output=True, text=True)
+    result = subprocess.run([str(helm), "lint", "--strict", str(CHART)], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "0 chart(s) failed" in result.stdout
 

@@ -28,20 +28,20 @@ def test_there_is_an_operator_and_a_trainer_image():
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
 def test_dockerfile_is_lint_clean(dockerfile):
-    result = subprocess.run([str(BIN / "hadolint"), str(dockerfile)], capture_output=True, text=True)
+    result = subprocess.run([str(BIN / "hadolint"), str(dockerfile)], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
 def test_image_runs_as_non_root(dockerfile):
-    users = re.findall(r"^USER (\S+)", dockerfile.read_text(), re.M)
+    users = re.findall(r"^USER (\S+)", dockerfile.read_text(), re.MULTILINE)
     assert users and not users[-1].startswith(("0", "root"))
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
 def test_entrypoint_works_as_a_plain_process(dockerfile):
     (command,) = instruction(dockerfile, "ENTRYPOINT")
-    result = subprocess.run([str(BIN / command), "--help"], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([str(BIN / command), "--help"], capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr
     assert "usage" in result.stdout.lower()
 

@@ -6,6 +6,7 @@ import random
 
 import pytest
 import torch
+
 from ppo_trainer.checkpoint import (
     CheckpointError,
     CheckpointManager,

@@ -8,6 +8,7 @@ import textwrap
 
 import pytest
 import torch
+
 from ppo_trainer.algorithms import gae
 from ppo_trainer.algorithms.custom_advantage import (
     AdvantageInputs,

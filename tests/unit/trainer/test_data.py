@@ -6,6 +6,7 @@ import json
 from collections import Counter
 
 import pytest
+
 from ppo_trainer.data import Prompt, PromptSampler, load_jsonl_prompts, synthetic_prompts
 
 

@@ -6,6 +6,7 @@ import importlib.util
 
 import pytest
 import torch
+
 from ppo_trainer.models import (
     ByteTokenizer,
     HFTokenizer,

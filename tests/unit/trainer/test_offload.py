@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from ppo_trainer.offload import OffloadError, Residency
 
 

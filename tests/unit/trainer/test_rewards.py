@@ -6,6 +6,7 @@ import random
 import textwrap
 
 import pytest
+
 from ppo_trainer.rewards import (
     REWARD_KINDS,
     CustomReward,

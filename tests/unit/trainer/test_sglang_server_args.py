@@ -12,6 +12,7 @@ import importlib.util
 import sys
 
 import pytest
+
 from ppo_trainer.rollout.sglang.launcher import compute_base_gpu_id
 from ppo_trainer.rollout.sglang.server_args import (
     ServerPlace,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from ppo_trainer.algorithms import masked_mean
 from ppo_trainer.backends.torch_backend import TorchBackend
 from ppo_trainer.rollout.base import Generation

@@ -12,11 +12,11 @@ import copy
 from pathlib import Path
 
 import torch
-from ppojob_api.spec import ModelSpec
 from torch import nn
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 from ppo_trainer.models.tokenizer import ByteTokenizer
+from ppojob_api.spec import ModelSpec
 
 TINY = "builtin:tiny"
 SMOLLM2 = "builtin:smollm2-135m"

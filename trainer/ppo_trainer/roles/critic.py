@@ -9,6 +9,7 @@ KL-shaped rewards the actor uses. Must not depend on Ray.
 from __future__ import annotations
 
 import torch
+
 from ppo_trainer.algorithms import load_advantage_function, value_loss
 from ppo_trainer.batch import CriticOutput, RolloutBatch
 from ppo_trainer.roles.base import RoleWorker, take_rows

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
 from ppo_trainer.algorithms import (
     AdvantageInputs,
     compute_custom_advantages,

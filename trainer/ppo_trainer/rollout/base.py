@@ -6,8 +6,9 @@ weights from the actor, and can release its memory (sleep) and take it back (wak
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable, Protocol
+from typing import Protocol
 
 import torch
 

@@ -22,8 +22,6 @@ import time
 from collections import deque
 from pathlib import Path
 
-from ppojob_api.spec import PPOJobSpec
-
 from ppo_trainer.rollout.sglang.client import DEFAULT_RETRY, RetryPolicy, SGLangClient
 from ppo_trainer.rollout.sglang.server_args import (
     ServerPlace,
@@ -32,6 +30,7 @@ from ppo_trainer.rollout.sglang.server_args import (
     router_command,
     server_command,
 )
+from ppojob_api.spec import PPOJobSpec
 
 LOG_TAIL_LINES = 20
 
