@@ -117,8 +117,7 @@ class ActorWorker(RoleWorker):
         with self.turn("export weights"):
             weights = self.backend.named_weights()
             if self.rank != 0:
-                for _ in weights:  # take part in the gathers
-                    pass
+                drain(weights)
                 return {}
             return {name: tensor.detach().to("cpu", copy=True) for name, tensor in weights}
 
@@ -148,8 +147,7 @@ class ActorWorker(RoleWorker):
                 self.link.require_awake("broadcast weights")
                 self._sync.broadcast(self.backend.named_weights())
             else:
-                for _ in self.backend.named_weights():  # take part in the tensor-parallel gathers
-                    pass
+                drain(self.backend.named_weights())
 
     def link_state(self) -> str | None:
         return self.link.state if self.link is not None else None
@@ -157,3 +155,10 @@ class ActorWorker(RoleWorker):
     def received_external_data(self) -> CriticOutput | None:
         """What the last `train` received as `external_data` (for tests and debugging)."""
         return self.received
+
+
+def drain(weights) -> None:
+    """A rank that sends nothing still runs the export to its end: gathering tensor-parallel shards
+    and pipeline stages is collective."""
+    for _ in weights:
+        pass
