@@ -1,8 +1,9 @@
 """The megatron-core training backend: one rank's GPTModel, distributed optimizer and device residency.
 
 It implements `TrainBackend` with megatron-core's GPTModel (local layer spec: no Transformer
-Engine or Apex; attention through torch's fused kernels, `attention.py`), built from a Hugging Face Llama/Qwen2 config and loaded from its checkpoint
-directory when there is one; bf16 wrapped in `Float16Module`; megatron's
+Engine or Apex; attention through torch's fused kernels, `attention.py`), built from a Hugging
+Face Llama/Qwen2 config and loaded from its checkpoint directory when there is one; bf16 wrapped
+in `Float16Module`; megatron's
 DistributedDataParallel (flat bf16 parameter and fp32 gradient buffers) and its distributed
 optimizer (fp32 main parameters, Adam moments). The critic is the same GPTModel with a
 [hidden -> 1] value head in place of the output layer. Rows are re-laid out for megatron: each
@@ -15,11 +16,13 @@ Offload parks the parameter buffers, the fp32 main parameters and the Adam momen
 host buffers (allocated once, reused) and frees the device storage in place, so every view into
 a buffer (parameters, optimizer shards) stays valid; the gradient buffers are freed without a
 copy, since `train` zeroes them before use. Runs on CUDA only (megatron's RNG tracker and
-buffers). Written against the API megatron-core 0.16.1 and 0.19.2 share. Tensor and pipeline
-parallelism follow the spec: weights are sharded and staged on load and gathered for export; every
-pass, pipelined or not, runs through megatron's forward-backward schedule (1F1B over the
-micro-batches when pipelined), and what the last stage computes (log-probs, values, loss
-statistics) is broadcast to the other stages, so every rank returns the same. When the role's process group is destroyed around a sleep, `release_process_groups` and
+buffers). Written against the API megatron-core 0.16.1 and 0.19.2 share.
+
+Tensor and pipeline parallelism follow the spec: weights are sharded and staged on load and
+gathered for export. Every pass, pipelined or not, runs through megatron's forward-backward
+schedule (1F1B over the micro-batches when pipelined), and what the last stage computes
+(log-probs, values, loss statistics) is broadcast to the other stages, so every rank returns the
+same. When the role's process group is destroyed around a sleep, `release_process_groups` and
 `attach_process_groups` take megatron's groups down and up with it, re-pointing the references
 the layers, DDP buckets and optimizer keep. Must not depend on Ray or the PPO loop.
 """
