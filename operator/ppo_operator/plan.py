@@ -46,6 +46,8 @@ class Plan:
     keep_trainer: int | None = None
     """Stop every trainer but this attempt's (None: stop them all)."""
     delete_job: bool = False
+    revoke_identity: bool = False
+    """Delete the trainer's ServiceAccount, Role and RoleBinding (the job ended; its tokens die with them)."""
 
     @property
     def creates(self) -> bool:
@@ -73,10 +75,15 @@ def plan_actions(
     if phase not in ACTIVE:
         why = {Phase.SUSPENDED: "suspended"}.get(phase, f"job {phase.value.lower()}")
         expires = ttl_expires_at(spec, status)
+        # The status written just before this plan no longer names the identity; the job's
+        # previous status still does only on the pass that ended it, so it is revoked once (and if
+        # the operator dies first, the garbage collector takes it with the job).
+        ended = phase in (Phase.SUCCEEDED, Phase.FAILED)
         return Plan(
             deletions=_deletions(observed, None, why),
             keep_trainer=None,
             delete_job=bool(expires and expires <= now),
+            revoke_identity=ended and "serviceAccount" in (job.status.get("children") or {}),
         )
     attempt = int(status["attempt"])
     deletions = _deletions(observed, attempt, f"attempt {attempt} replaces it")

@@ -26,7 +26,7 @@ from ppo_operator.decisions import Policy
 from ppo_operator.events import Event, compute_events, compute_progress_events, compute_refused_status_event
 from ppo_operator.gang import GroupResource
 from ppo_operator.job import Job
-from ppo_operator.kube import Kube, KubeError
+from ppo_operator.kube import PLURALS, Kube, KubeError, resource_of
 from ppo_operator.launchers import Launcher
 from ppo_operator.observed import ClusterRecord, Observed, PodGroupRecord, PodRecord, TrainerRecord
 from ppo_operator.plan import RAYCLUSTERS, Plan, next_wakeup, plan_actions, pod_group_resource_of
@@ -232,6 +232,11 @@ class Reconciler:
             if deleted and deletion.resource == RAYCLUSTERS:
                 self.post_event(job, Event("Normal", Reason.CLUSTER_DELETED.value, f"RayCluster {deletion.name} deleted: {deletion.why}"))
         await self.launcher.stop_others(job, plan.keep_trainer)
+        if plan.revoke_identity:
+            for identity in (build_role_binding(job), build_role(job), build_service_account(job)):
+                await self.kube.ensure_deleted(resource_of(identity, PLURALS[identity["kind"]]), job.namespace,
+                                               identity["metadata"]["name"])
+            memory.identity_ready = False
         if plan.ensure_identity:
             for manifest in (build_service_account(job), build_role(job), build_role_binding(job)):
                 await self.kube.ensure_created(manifest)

@@ -88,6 +88,8 @@ class _Draft:
         if phase == Phase.FAILED:
             self.condition(ConditionType.FAILED, True, reason, message)
         self.status["completionTime"] = format_time(self.now)
+        # The trainer's identity is revoked with the end of the job (`Plan.revoke_identity`).
+        self.status["children"] = {k: v for k, v in (self.status.get("children") or {}).items() if k != "serviceAccount"}
         return self.phase(phase, reason, message)
 
 
@@ -238,8 +240,19 @@ def status_changed(job: Job, new: Mapping[str, Any]) -> bool:
 
 def status_patch(job: Job, new: Mapping[str, Any]) -> dict[str, Any]:
     """A JSON merge patch of the status subresource: changed keys, removed keys as null."""
-    old = operator_status(job.status)
-    patch: dict[str, Any] = {k: v for k, v in new.items() if old.get(k) != v}
-    patch.update({k: None for k in old if k not in new})
-    return {"status": patch}
+    return {"status": merge_patch(operator_status(job.status), new)}
+
+
+def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch (RFC 7386) that turns `old` into `new`: nested objects patched key by
+    key (a key removed inside one is a null there), everything else replaced whole."""
+    patch: dict[str, Any] = {k: None for k in old if k not in new}
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(before, Mapping) and isinstance(value, Mapping):
+            if before != value:
+                patch[key] = merge_patch(before, value)
+        elif before != value:
+            patch[key] = value
+    return patch
 

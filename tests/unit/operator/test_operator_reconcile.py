@@ -16,6 +16,19 @@ from ppo_operator.observed import TrainerRecord, TrainerState
 from ppo_operator.reconcile import AUDIT_AFTER_S, Children, JobMemory, Reconciler, freshest
 
 
+def apply_merge_patch(target: dict, patch: dict) -> dict:
+    """What the API server does with a JSON merge patch (RFC 7386)."""
+    result = dict(target)
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        elif isinstance(value, dict) and isinstance(result.get(key), dict):
+            result[key] = apply_merge_patch(result[key], value)
+        else:
+            result[key] = value
+    return result
+
+
 class FakeKube:
     def __init__(self):
         self.calls: list[tuple] = []
@@ -42,7 +55,7 @@ class FakeKube:
         self.calls.append(("patch", "status", name))
         self.rv += 1
         stored = copy.deepcopy(self.body)
-        stored["status"] = {k: v for k, v in {**stored.get("status", {}), **patch["status"]}.items() if v is not None}
+        stored["status"] = apply_merge_patch(stored.get("status", {}), patch["status"])
         stored["metadata"]["resourceVersion"] = str(self.rv)
         self.body = stored
         return stored
@@ -235,3 +248,23 @@ def test_children_of_an_earlier_attempt_that_still_exist_are_waited_for_and_aske
         asyncio.run(reconciler.reconcile(kube.body, children, memory))
     assert len([c for c in kube.calls if c[0] == "list"]) == 2 and memory.phantoms == set()
     assert kube.body["status"]["phase"] == "Restarting"
+
+
+def test_the_trainers_identity_is_revoked_once_when_the_job_ends():
+    """Succeeded (or Failed): the ServiceAccount, Role and RoleBinding go at once (their tokens die with
+    them), after the status that no longer names them is stored; later passes do not delete them again."""
+    status = {"phase": "Training", "attempt": 0, "restarts": 0,
+              "children": {"rayCluster": "tiny-a0", "podGroup": "tiny-a0", "serviceAccount": "tiny-trainer"},
+              "progress": {"attempt": 0, "finished": True, "steps": "5/5"}}
+    reconciler, kube, _, _ = make(make_ppojob(status=status), FakeLauncher(TrainerState.RUNNING))
+    memory = JobMemory(progress_seen={}, identity_ready=True)
+    children = Children(clusters=(cluster(0),), pod_groups=(pod_group(0),))
+    asyncio.run(reconciler.reconcile(kube.body, children, memory))
+    assert kube.body["status"]["phase"] == "Succeeded" and "serviceAccount" not in kube.body["status"]["children"]
+    deletes = [c for c in kube.calls if c[0] == "delete"]
+    assert deletes[-3:] == [("delete", "RoleBinding", "tiny-trainer"), ("delete", "Role", "tiny-trainer"),
+                            ("delete", "ServiceAccount", "tiny-trainer")]
+    assert kube.calls.index(("patch", "status", "tiny")) < kube.calls.index(deletes[-1])
+    kube.calls.clear()
+    asyncio.run(reconciler.reconcile(kube.body, Children(), memory))
+    assert [c for c in kube.calls if c[0] == "delete"] == []

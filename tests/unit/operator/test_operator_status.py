@@ -10,7 +10,7 @@ from operator_factory import NOW, cluster, make_job, make_ppojob, pod_group, pod
 from ppo_operator.decisions import Policy
 from ppo_operator.job import Job, format_time
 from ppo_operator.observed import Observed, PodRecord, TrainerRecord, TrainerState
-from ppo_operator.status import compute_status, operator_status, status_changed, status_patch
+from ppo_operator.status import compute_status, merge_patch, operator_status, status_changed, status_patch
 
 RUNNING = TrainerRecord(TrainerState.RUNNING, "local:4242", "")
 
@@ -107,6 +107,8 @@ def test_placed_gang_then_cluster_then_trainer_then_warmup_then_training_then_su
     assert (cond(status, "GangScheduled")["status"], cond(status, "GangScheduled")["reason"]) == ("False", "ClusterDeleted")
     assert cond(status, "CriticWarmup")["reason"] == "CriticWarmupDone"  # not rewritten at the end
     assert status["completionTime"] == format_time(NOW + timedelta(seconds=8))
+    assert "serviceAccount" not in status["children"]  # revoked with the end of the job
+    assert status_patch(Job.from_body(body), status)["status"]["children"] == {"serviceAccount": None}
 
 
 def _running_body(**spec):
@@ -275,3 +277,11 @@ def test_status_patch_keeps_the_trainers_progress_and_nulls_removed_keys():
     patch = status_patch(job, {"phase": "Scheduling"})
     assert patch == {"status": {"phase": "Scheduling", "reason": None}}
     assert "progress" not in operator_status(job.status)
+
+
+def test_merge_patch_patches_nested_objects_key_by_key_and_replaces_lists_whole():
+    old = {"children": {"rayCluster": "a", "serviceAccount": "t"}, "conditions": [{"type": "A"}], "gone": 1, "same": 2}
+    new = {"children": {"rayCluster": "b"}, "conditions": [{"type": "B"}], "same": 2, "added": {"x": 1}}
+    assert merge_patch(old, new) == {"gone": None, "children": {"rayCluster": "b", "serviceAccount": None},
+                                     "conditions": [{"type": "B"}], "added": {"x": 1}}
+    assert merge_patch(new, new) == {}
