@@ -60,11 +60,19 @@ def test_tiny_example_is_gang_scheduled_and_reports_every_phase(local_cluster, k
     progress = job["status"]["progress"]
     assert (progress["steps"], progress["warmup"], progress["finished"]) == (f"{total}/{total}", f"{warmup}/{warmup}", True)
     assert job["status"]["children"] == {"rayCluster": "tiny-a0", "podGroup": "tiny-a0",
-                                         "serviceAccount": "tiny-trainer", "submission": job["status"]["children"]["submission"]}
+                                         "submission": job["status"]["children"]["submission"]}
     assert condition(job, "Succeeded")["status"] == "True"
     assert condition(job, "GangScheduled")["observedGeneration"] == 1
     # Finished: nothing holds GPUs any more.
     wait_for("the RayCluster gone", lambda: kget(local_cluster, "rayclusters", ns, "tiny-a0") is None)
+    # Finished: the trainer's identity is revoked, and its token with it.
+    for kind in ("rolebindings", "roles", "serviceaccounts"):
+        wait_for(f"the trainer's {kind} gone", lambda k=kind: kget(local_cluster, k, ns, "tiny-trainer") is None)
+    (kubeconfig,) = operator.state_dir.glob(f"{ns}/tiny-*/a0/kubeconfig")
+    as_trainer = {**local_cluster.env(), "KUBECONFIG": str(kubeconfig)}
+    wait_for("the trainer's token refused", lambda: "unauthorized" in subprocess.run(
+        [str(local_cluster.bin_dir / "kubectl"), "get", "ppojob", "tiny", "-n", ns], env=as_trainer,
+        capture_output=True, text=True, check=False).stderr.lower(), timeout=30, interval=1)
 
     table = local_cluster.kubectl("get", "ppojobs", "-n", ns).stdout.splitlines()
     assert table[0].split() == ["NAME", "PHASE", "STEPS", "WARMUP", "STAGE", "OFFLOAD", "AGE"]
