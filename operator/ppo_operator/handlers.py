@@ -129,8 +129,10 @@ def post_event(job: Job, event: Event) -> None:
     kopf.event(ref, type=event.type, reason=event.reason, message=event.message[:1000])
 
 
-def register(registry: kopf.OperatorRegistry, *, pod_group_resources: Iterable[GroupResource]) -> None:
-    """Register every handler into `registry` (pod groups only of the enabled gang schedulers)."""
+def register(registry: kopf.OperatorRegistry, *, pod_group_resources: Iterable[GroupResource],
+             namespaced: bool = False) -> None:
+    """Register every handler into `registry` (pod groups only of the enabled gang schedulers).
+    `namespaced`: the operator serves the namespaces it was given, not the whole cluster."""
     pod_group_resources = tuple(pod_group_resources)
 
     @kopf.on.startup(registry=registry, id="configure")
@@ -138,6 +140,11 @@ def register(registry: kopf.OperatorRegistry, *, pod_group_resources: Iterable[G
         settings.persistence.finalizer = FINALIZER
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
         settings.persistence.diffbase_storage = LeanDiffBaseStorage(prefix=GROUP)
+        # Given namespaces are watched until the operator stops. With scanning on, kopf stops
+        # watching a namespace as soon as it sees it terminating with no blocking condition yet,
+        # before the namespace controller has deleted the PPOJobs: their finalizers then stay and
+        # the namespace never goes. (The cost: CRDs created after the start are not picked up.)
+        settings.scanning.disabled = namespaced
         settings.posting.level = logging.INFO
         settings.watching.label_selectors["v1", "pods"] = LABEL_JOB_NAME
         settings.watching.label_selectors["ray.io", "rayclusters"] = LABEL_JOB_NAME

@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                             post_event=handlers.post_event, pause_after_pod_group_s=args.debug_pause_after_pod_group)
     resources = tuple(r for s in enabled if (r := backend_for(s).pod_group_resource) is not None)
     registry = kopf.OperatorRegistry()
-    handlers.register(registry, pod_group_resources=resources)
+    handlers.register(registry, pod_group_resources=resources, namespaced=bool(args.namespace))
     runtime = handlers.Runtime(reconciler=reconciler, launcher=launcher, pod_group_resources=resources)
     if args.metrics_port:
         metrics.serve(args.metrics_port, kube.counts)

@@ -152,3 +152,21 @@ def test_an_object_stored_before_a_schema_change_fails_invalid_spec(local_cluste
     assert kget(local_cluster, "rayclusters", ns, selector="ppojob.io/job-name=old") == []
     assert wait_phase(local_cluster, ns, "tiny", "Succeeded", timeout=120)
     assert operator.proc.poll() is None
+
+
+def test_deleting_the_namespace_under_running_jobs_lets_the_namespace_go(local_cluster, k8s_namespace, start_operator):
+    """The namespace of running jobs is deleted, the operator watching that namespace only (as with the
+    chart's watchNamespaces): it must keep watching while the namespace terminates and take its
+    finalizer off each job, so that the namespace goes. (Once, in a benchmark, ten jobs kept it for
+    minutes with no watch of theirs open.)"""
+    ns = k8s_namespace
+    start_operator(STANDIN_STEP_SECONDS="1")
+    for name in ("n0", "n1", "n2"):
+        apply(local_cluster, ns, tiny_manifest(name, ppo={"numRollouts": 200}, resources={"gpusPerNode": 0},
+                                               scheduling={"gangScheduler": "None"}))
+    for name in ("n0", "n1", "n2"):
+        wait_phase(local_cluster, ns, name, "CriticWarmup", "Training", timeout=120)
+    local_cluster.kubectl("delete", "namespace", ns, "--wait=false")
+    wait_for("the namespace gone", lambda: kget(local_cluster, "namespace", ns, ns) is None, timeout=120, interval=1,
+             context=lambda: [(j["metadata"]["name"], j["metadata"].get("finalizers"))
+                              for j in kget(local_cluster, "ppojobs", ns) or []])

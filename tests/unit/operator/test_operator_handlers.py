@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 
 import kopf
+import pytest
 from operator_factory import cluster, pod_group, pods
 
 from ppo_operator import handlers
@@ -131,11 +132,24 @@ def test_the_lean_diff_base_is_kopfs_own_essence_without_copying_status_or_manag
         raise RuntimeError("kopf's own storage no longer copies the whole object: LeanDiffBaseStorage can go")
 
 
-def test_the_operator_uses_the_lean_diff_base():
+def configured_settings(**register: object) -> kopf.OperatorSettings:
+    """kopf's settings after the operator's startup handler ran."""
     registry = kopf.OperatorRegistry()
-    handlers.register(registry, pod_group_resources=())
+    handlers.register(registry, pod_group_resources=(), **register)
     settings = kopf.OperatorSettings()
     for handler in registry._activities.get_all_handlers():
         if handler.id == "configure":
             handler.fn(settings=settings)
+    return settings
+
+
+def test_the_operator_uses_the_lean_diff_base():
+    settings = configured_settings()
     assert isinstance(settings.persistence.diffbase_storage, handlers.LeanDiffBaseStorage)
+
+
+@pytest.mark.parametrize("namespaced", [True, False])
+def test_an_operator_given_namespaces_keeps_watching_them_while_they_terminate(namespaced):
+    """kopf's namespace scanning would stop watching a terminating namespace before its PPOJobs'
+    finalizers are off (the integration test deletes such a namespace)."""
+    assert configured_settings(namespaced=namespaced).scanning.disabled is namespaced
