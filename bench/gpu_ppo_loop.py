@@ -48,10 +48,13 @@ def run_loop(backend: str, args: argparse.Namespace, model: Path, prompts: Path)
     from ppo_trainer.reporting import Recorder
     from ppo_trainer.train import run
 
+    parallelism = {"tensor": args.tensor, "pipeline": args.pipeline}
     spec = parse_spec({
         "image": "bench", "seed": 1,
         "model": {"path": str(model), "tokenizer": "builtin:tiny", "dtype": "bfloat16"},
-        "actor": {"backend": backend, "microBatchSize": args.micro_batch_size, "learningRate": 1e-6},
+        "actor": {"backend": backend, "microBatchSize": args.micro_batch_size, "learningRate": 1e-6,
+                  "parallelism": parallelism},
+        "critic": {"parallelism": parallelism},
         "rollout": {"batchSize": args.prompts, "maxNewTokens": args.max_new_tokens, "temperature": 1.0},
         "ppo": {"numRollouts": args.steps, "numCriticOnlySteps": 0, "epochs": 1},
         "data": {"prompts": str(prompts)},
@@ -90,6 +93,8 @@ def main() -> None:
     parser.add_argument("--prompt-length", type=int, default=100)
     parser.add_argument("--max-new-tokens", type=int, default=512)
     parser.add_argument("--micro-batch-size", type=int, default=64)
+    parser.add_argument("--tensor", type=int, default=1, help="Megatron's tensor-parallel size")
+    parser.add_argument("--pipeline", type=int, default=1, help="Megatron's pipeline-parallel size")
     parser.add_argument("--process-groups", action=argparse.BooleanOptionalAction, default=True,
                         help="offload.processGroups: destroy and rebuild the roles' process groups around sleep")
     args = parser.parse_args()
