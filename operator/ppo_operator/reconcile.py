@@ -87,6 +87,15 @@ def without_phantoms(children: Children, phantoms: set[str]) -> Children:
                       for records in (children.pods, children.clusters, children.pod_groups)))
 
 
+def child_resource(record: PodRecord | ClusterRecord | PodGroupRecord) -> GroupResource | None:
+    """The API resource of a watched child's record (None: a pod group of no known scheduler)."""
+    if isinstance(record, PodRecord):
+        return PODS
+    if isinstance(record, ClusterRecord):
+        return RAYCLUSTERS
+    return pod_group_resource_of(record.api_version)
+
+
 def settle(memory: JobMemory, children: Children, now: datetime) -> None:
     """Forget the writes the watches now show (a created child there, a deleted one gone or going), or too old."""
     shown = {(c.kind, c.name): c.deleting for c in children.pod_groups}
@@ -166,17 +175,15 @@ class Reconciler:
             memory.lingering_since = memory.lingering_since or now
             return False
         memory.lingering_since = now
-        resources = {PODS if isinstance(r, PodRecord) else RAYCLUSTERS if isinstance(r, ClusterRecord)
-                     else pod_group_resource_of(r.api_version) for r in lingering}
+        checked = [(r, resource) for r in lingering if r.uid and (resource := child_resource(r)) is not None]
         present: set[str] = set()
-        for resource in filter(None, resources):
+        for resource in {resource for _, resource in checked}:
             present |= await self.kube.list_uids(resource, job.namespace, f"{LABEL_JOB_NAME}={job.name}")
-        phantoms = {r.uid for r in lingering if r.uid and r.uid not in present}
-        if phantoms:
-            kinds = {PodRecord: "Pod", ClusterRecord: "RayCluster"}
-            gone = sorted(f"{kinds.get(type(r)) or r.kind} {r.name}" for r in lingering if r.uid in phantoms)
-            log.warning("%s/%s: the watches still show %s, which the API server no longer has; dropped",
-                        job.namespace, job.name, ", ".join(gone))
+        gone = [(r, resource) for r, resource in checked if r.uid not in present]
+        phantoms = {r.uid for r, _ in gone}
+        if gone:
+            log.warning("%s/%s: the watches still show %s, which the API server no longer has; dropped", job.namespace,
+                        job.name, ", ".join(sorted(f"{resource.kind} {r.name}" for r, resource in gone)))
         memory.phantoms |= phantoms
         return bool(phantoms)
 

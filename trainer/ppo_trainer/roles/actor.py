@@ -12,6 +12,8 @@ collective); rank 0 sends. Must not depend on Ray except through `roles/link.py`
 
 from __future__ import annotations
 
+import collections
+
 import torch
 
 from ppo_trainer.algorithms import load_advantage_function, masked_mean, masked_whiten, policy_loss
@@ -160,5 +162,4 @@ class ActorWorker(RoleWorker):
 def drain(weights) -> None:
     """A rank that sends nothing still runs the export to its end: gathering tensor-parallel shards
     and pipeline stages is collective."""
-    for _ in weights:
-        pass
+    collections.deque(weights, maxlen=0)
