@@ -40,6 +40,7 @@ from operator_scale_standin import STANDIN_COMMAND
 
 from local_cluster import LocalCluster
 from local_cluster import manifests as cluster_manifests
+from ppo_trainer.reporting_k8s import MIN_INTERVAL_S
 
 ROOT = Path(__file__).resolve().parents[1]
 CRD = ROOT / "crds" / "ppojobs.ppojob.io.yaml"
@@ -220,7 +221,8 @@ async def run_phase(cluster, api: Api, kind: Kind, jobs: int, args: argparse.Nam
     operator = standin = None
     reports_path = workdir / "reports.jsonl"
     if kind is PPOJOB:
-        standin, spool, reports_path = procs.start_standin(workdir, every=args.every, steps=args.steps, warmup=args.warmup)
+        standin, spool, reports_path = procs.start_standin(workdir, every=args.every, steps=args.steps, warmup=args.warmup,
+                                                                    min_interval=args.min_interval)
         operator, operator_metrics = procs.start_operator(cluster, namespace, workdir,
                                                           STANDIN_COMMAND.format(spool=spool), args.operator_args.split())
         if args.profile:
@@ -272,7 +274,10 @@ async def run_phase(cluster, api: Api, kind: Kind, jobs: int, args: argparse.Nam
                 child.stop()
         if operator is not None:
             procs.stop_trainer_sessions(workdir / "operator-state")
-    result = measure(kind, jobs, applied, sightings, read_reports(reports_path), before, after,
+    reports = read_reports(reports_path)
+    if kind is PPOJOB:
+        write_lag_samples(workdir / "lags.jsonl", reports, sightings, started)
+    result = measure(kind, jobs, applied, sightings, reports, before, after,
                      complete=deleted and cleaned, run_s=ended - started)
     return {**result, "other_namespaces_terminating": others}
 
@@ -306,6 +311,20 @@ def status_lags(reports: list[dict], sightings: Sightings) -> list[float]:
             if seen is not None:
                 lags.append(seen - report["stored"])
     return lags
+
+
+def write_lag_samples(path: Path, reports: list[dict], sightings: Sightings, started: float) -> None:
+    """One line per phase-moving report (times in seconds since apply), to see when in the phase the lag grows."""
+    with open(path, "w") as out:
+        for report in reports:
+            if report["phase"] and report["code"] == 200:
+                seen = sightings.at(report["job"], f"phase:{report['phase']}")
+                visible = sightings.at(report["job"], f"report:{report['step']}:{report['finished']}")
+                out.write(json.dumps({
+                    "job": report["job"], "phase": report["phase"], "sent": round(report["sent"] - started, 3),
+                    "stored": round(report["stored"] - started, 3),
+                    "visible": None if visible is None else round(visible - started, 3),
+                    "phase_seen": None if seen is None else round(seen - started, 3)}) + "\n")
 
 
 def measure(kind: Kind, jobs: int, applied: dict[str, float], sightings: Sightings, reports: list[dict],
@@ -420,8 +439,10 @@ async def run_size(jobs: int, args: argparse.Namespace, say) -> dict[str, Any]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--jobs", default="10,100", help="sizes, comma-separated, e.g. 10,100,500")
-    p.add_argument("--every", type=float, default=5.0, help="seconds between two reports of one trainer stand-in")
-    p.add_argument("--steps", type=int, default=6, help="steps each PPOJob reports (one every --every seconds)")
+    p.add_argument("--every", type=float, default=5.0, help="seconds a step of a trainer stand-in takes")
+    p.add_argument("--steps", type=int, default=6, help="steps each PPOJob runs (one every --every seconds)")
+    p.add_argument("--min-interval", type=float, default=MIN_INTERVAL_S,
+                   help="the trainers' report throttle (the trainer's own default; 0: a report at every step)")
     p.add_argument("--warmup", type=int, default=1, help="critic-only steps of each PPOJob")
     p.add_argument("--settle", type=float, default=5.0, help="seconds between starting the controllers and applying")
     p.add_argument("--idle", type=float, default=10.0,

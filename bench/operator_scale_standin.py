@@ -8,10 +8,13 @@ directory and then sleeps, so the operator sees a live trainer process at the co
 This process picks each line up and reports for that job exactly as the real trainer does
 (`ppo_trainer.reporting_k8s.status_patch` of a `Progress`: a JSON merge patch of `status.progress`
 on the status subresource, authenticated with the job's own ServiceAccount token from the
-kubeconfig the operator wrote into the folder): a first report at once, then one per step every S
-seconds (the first W critic-only), then `finished`. Each report is logged with the monotonic
-time its PATCH returned and the phase the operator should show after it (Training after the last
-critic-only step, Succeeded after `finished`), from which the benchmark computes the status lag.
+kubeconfig the operator wrote into the folder). Its steps take S seconds each (the first W
+critic-only), then it finishes; it reports at the start, at each step and at the end as far as
+the trainer's own throttling rule lets it (`ppo_trainer.reporting_k8s.due`: warm-up steps and the
+end at once, other steps at most one per `MIN_INTERVAL_S`). Each report is logged with the
+monotonic time its PATCH returned and the phase the operator should show after it (Training after
+the last critic-only step, Succeeded after `finished`), from which the benchmark computes the
+status lag.
 Depends on aiohttp, PyYAML and the trainer's reporting modules (no torch, no Ray).
 """
 
@@ -31,7 +34,7 @@ import aiohttp
 import yaml
 
 from ppo_trainer.reporting import Progress, utc_now
-from ppo_trainer.reporting_k8s import status_patch
+from ppo_trainer.reporting_k8s import MIN_INTERVAL_S, due, status_patch
 from ppojob_api.vocabulary import GROUP, PLURAL, VERSION, Stage, TrainResidency
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -67,6 +70,22 @@ def expected_phase(step: int, *, warmup: int, finished: bool) -> str | None:
     return "Training" if warmup and step == warmup else None
 
 
+def report_schedule(*, steps: int, warmup: int, attempt: int, every: float,
+                    min_interval: float) -> list[tuple[float, Progress]]:
+    """(seconds after the start, snapshot) of each report a trainer sends: a step every `every`
+    seconds, the end right after the last step, each sent only if the trainer's throttle would."""
+    schedule: list[tuple[float, Progress]] = []
+    sent, sent_at = None, None
+    for step in range(steps + 2):
+        finished = step > steps
+        at, progress = min(step, steps) * every, progress_at(min(step, steps), steps=steps, warmup=warmup,
+                                                             attempt=attempt, finished=finished)
+        if due(sent, sent_at, progress, at, min_interval):
+            schedule.append((at, progress))
+            sent, sent_at = progress, at
+    return schedule
+
+
 def credentials(folder: Path) -> tuple[str, str, ssl.SSLContext]:
     """(server, token, TLS context) from the kubeconfig the operator wrote for the job."""
     kubeconfig = yaml.safe_load((folder / "kubeconfig").read_text())
@@ -100,18 +119,16 @@ class Standin:
                                    "stored": time.monotonic(), "code": code}) + "\n")
 
     async def run_job(self, job: Registration) -> None:
-        """A trainer's reports at a fixed rate; it then waits (its `sleep` is stopped by the operator)."""
+        """A trainer's reports on its step clock; it then waits (its `sleep` is stopped by the operator)."""
         server, token, context = credentials(job.folder)
         if self.session is None:
             self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context, limit=64))
-        a = self.args
-        await self.report(job, server, token, progress_at(0, steps=a.steps, warmup=a.warmup, attempt=job.attempt), None)
-        for step in range(1, a.steps + 1):
-            await asyncio.sleep(a.every)
-            progress = progress_at(step, steps=a.steps, warmup=a.warmup, attempt=job.attempt)
-            await self.report(job, server, token, progress, expected_phase(step, warmup=a.warmup, finished=False))
-        done = progress_at(a.steps, steps=a.steps, warmup=a.warmup, attempt=job.attempt, finished=True)
-        await self.report(job, server, token, done, expected_phase(a.steps, warmup=a.warmup, finished=True))
+        a, start = self.args, time.monotonic()
+        for at, progress in report_schedule(steps=a.steps, warmup=a.warmup, attempt=job.attempt, every=a.every,
+                                            min_interval=a.min_interval):
+            await asyncio.sleep(max(0.0, start + at - time.monotonic()))
+            phase = expected_phase(progress.step, warmup=a.warmup, finished=progress.finished)
+            await self.report(job, server, token, progress, phase)
 
     def pick_up(self) -> None:
         for entry in os.scandir(self.args.spool):
@@ -132,7 +149,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--spool", type=Path, required=True, help="where the per-job commands drop their registration")
     p.add_argument("--log", type=Path, required=True, help="JSON lines, one per report")
-    p.add_argument("--every", type=float, default=5.0, help="seconds between two reports of one job")
+    p.add_argument("--every", type=float, default=5.0, help="seconds a step of one job takes")
+    p.add_argument("--min-interval", type=float, default=MIN_INTERVAL_S,
+                   help="the trainer's throttle: seconds between two reports that are not urgent")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--warmup", type=int, default=1, help="critic-only steps")
     return p.parse_args(argv)

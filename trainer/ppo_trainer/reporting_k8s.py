@@ -1,8 +1,12 @@
 """The PPOJob status reporter: the trainer merge-patches `status.progress` of its own PPOJob.
 
-Throttled: at most one patch per `min_interval` seconds, except the changes that matter (a step
-starts, a checkpoint is written, the run finishes or fails), which are sent at once; a throttled
-snapshot is sent by the next report after the interval, by the heartbeat thread, or on close.
+Throttled: at most one patch per `min_interval` seconds, except the changes that matter (a
+critic-only warm-up step is done, a checkpoint is written, the run finishes or fails), which are
+sent at once; a throttled snapshot is sent by the next report after the interval, by the heartbeat
+thread, or on close. A new step after the warm-up is not urgent: with steps shorter than the
+interval, its status would otherwise be written once a step, and at hundreds of jobs those writes
+are the API server's largest load (docs/scale.md); `kubectl get` shows the step up to
+`min_interval` late instead.
 The heartbeat re-sends the latest snapshot with a fresh `heartbeatTime` when nothing was sent for
 `heartbeat_seconds`, so the operator can tell a live trainer in a long stage from a dead one.
 It never crashes training: API errors are logged and counted, and the run goes on. The
@@ -20,11 +24,13 @@ from collections.abc import Callable
 from typing import Any
 
 from ppo_trainer.reporting import Progress, utc_now
-from ppojob_api.vocabulary import GROUP, PLURAL, VERSION, Stage
+from ppojob_api.vocabulary import GROUP, PLURAL, VERSION
 
 log = logging.getLogger(__name__)
 
 Patch = Callable[[dict[str, Any]], None]
+MIN_INTERVAL_S = 10.0
+"""The least time between two snapshots that are not urgent."""
 
 
 def status_patch(progress: Progress, *, now: str) -> dict[str, Any]:
@@ -34,8 +40,10 @@ def status_patch(progress: Progress, *, now: str) -> dict[str, Any]:
     return {"status": {"progress": body}}
 
 
-def _matters(previous: Progress | None, current: Progress) -> str | None:
-    """Why this snapshot must go out now (its reason), or None when it may wait."""
+def urgency(previous: Progress | None, current: Progress) -> str | None:
+    """Why this snapshot must go out now (its reason), or None when it may wait for the interval.
+    Each urgent change is one the operator acts on or tells as an Event: the warm-up count moves
+    the job to Training at N of N."""
     if previous is None:
         return "first report"
     if current.error is not None and current.error != previous.error:
@@ -44,9 +52,14 @@ def _matters(previous: Progress | None, current: Progress) -> str | None:
         return "finished"
     if current.last_checkpoint != previous.last_checkpoint:
         return "checkpoint"
-    if current.stage == Stage.GENERATE and (previous.stage != Stage.GENERATE or previous.step != current.step):
-        return "step start"
+    if current.critic_only_steps_done != previous.critic_only_steps_done:
+        return "warm-up step"
     return None
+
+
+def due(previous: Progress | None, sent_at: float | None, current: Progress, now: float, min_interval: float) -> bool:
+    """Whether `current` is sent now, given the last snapshot sent and when (the one throttling rule)."""
+    return urgency(previous, current) is not None or sent_at is None or now - sent_at >= min_interval
 
 
 class KubernetesReporter:
@@ -54,7 +67,7 @@ class KubernetesReporter:
         self,
         patch: Patch,
         *,
-        min_interval: float = 10.0,
+        min_interval: float = MIN_INTERVAL_S,
         heartbeat_seconds: float | None = 30.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -97,9 +110,7 @@ class KubernetesReporter:
     def report(self, progress: Progress) -> None:
         with self._lock:
             self._latest = progress
-            urgent = _matters(self._last_sent, progress)
-            due = self._last_sent_at is None or self.clock() - self._last_sent_at >= self.min_interval
-            if urgent or due:
+            if due(self._last_sent, self._last_sent_at, progress, self.clock(), self.min_interval):
                 self._send(progress)
 
     def event(self, kind: str, **fields: Any) -> None:

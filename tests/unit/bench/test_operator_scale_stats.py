@@ -2,7 +2,7 @@
 
 import operator_scale_stats as stats
 import pytest
-from operator_scale_standin import expected_phase, parse_registration, progress_at
+from operator_scale_standin import expected_phase, parse_registration, progress_at, report_schedule
 
 APISERVER = """\
 # HELP apiserver_request_total [STABLE] Counter of apiserver requests
@@ -64,3 +64,14 @@ def test_standin_reports_like_the_trainer_and_names_the_phase_it_expects():
     assert progress_at(6, steps=6, warmup=1, attempt=0, finished=True).to_status()["finished"] is True
     assert [expected_phase(s, warmup=1, finished=False) for s in (0, 1, 2)] == [None, "Training", None]
     assert expected_phase(6, warmup=1, finished=True) == "Succeeded"
+
+
+def test_standin_throttles_its_reports_as_the_trainer_does():
+    """Steps of 5 s under the trainer's 10 s throttle: the start, the end of the warm-up and the end at
+    once, the other steps at most one per 10 s; with no throttle, one report a step."""
+    def sent(min_interval):
+        return [(at, p.step, p.finished) for at, p in report_schedule(steps=6, warmup=1, attempt=0, every=5.0,
+                                                                      min_interval=min_interval)]
+
+    assert sent(10.0) == [(0, 0, False), (5, 1, False), (15, 3, False), (25, 5, False), (30, 6, True)]
+    assert sent(0.0) == [(5.0 * s, s, False) for s in range(7)] + [(30, 6, True)]

@@ -7,7 +7,7 @@ import json
 from dataclasses import replace
 
 from ppo_trainer.reporting import CheckpointInfo, JsonLinesReporter, Progress
-from ppo_trainer.reporting_k8s import KubernetesReporter, status_patch
+from ppo_trainer.reporting_k8s import KubernetesReporter, due, status_patch, urgency
 from ppojob_api.vocabulary import RolloutResidency, Stage, TrainResidency
 
 
@@ -46,18 +46,31 @@ def test_reporting_patch_body_matches_crd_progress():
 def test_reporting_throttles_but_flushes_what_matters():
     clock, sent = Clock(), []
     k8s = reporter(clock, sent)
-    k8s.report(progress(stage=Stage.GENERATE))  # first: sent
-    k8s.report(progress(stage=Stage.CRITIC_TRAIN))  # within the interval: held
-    k8s.report(progress(stage=Stage.ACTOR_TRAIN))  # held
-    assert len(sent) == 1
-    k8s.report(progress(step=4, stage=Stage.GENERATE))  # a step starts: sent at once
-    k8s.report(progress(step=4, stage=Stage.CHECKPOINT, last_checkpoint=CheckpointInfo(4, "/c", "t")))
-    assert [b["status"]["progress"]["stage"] for b in sent] == ["Generate", "Generate", "Checkpoint"]
+    warming = {"step": 1, "critic_only_steps_done": 1}
+    k8s.report(progress(**warming, stage=Stage.GENERATE))  # first: sent
+    k8s.report(progress(**warming, stage=Stage.CRITIC_TRAIN))  # within the interval: held
+    k8s.report(progress(step=2, critic_only_steps_done=2, stage=Stage.GENERATE))  # warm-up 2/2: sent at once
+    k8s.report(progress(step=3, stage=Stage.GENERATE))  # a step after the warm-up: held
+    assert [b["status"]["progress"]["warmup"] for b in sent] == ["1/2", "2/2"]
+    k8s.report(progress(step=3, stage=Stage.CHECKPOINT, last_checkpoint=CheckpointInfo(3, "/c", "t")))
+    assert sent[-1]["status"]["progress"]["stage"] == "Checkpoint"
     clock.now = 11
-    k8s.report(progress(step=4, stage=Stage.WEIGHT_SYNC, last_checkpoint=CheckpointInfo(4, "/c", "t")))
-    assert sent[-1]["status"]["progress"]["stage"] == "WeightSync"  # the interval passed
-    k8s.report(progress(step=10, stage=Stage.DONE, finished=True, last_checkpoint=CheckpointInfo(4, "/c", "t")))
-    assert sent[-1]["status"]["progress"]["finished"] is True
+    k8s.report(progress(step=4, stage=Stage.GENERATE, last_checkpoint=CheckpointInfo(3, "/c", "t")))
+    assert sent[-1]["status"]["progress"]["step"] == 4  # the interval passed
+    k8s.report(progress(step=10, stage=Stage.DONE, finished=True, last_checkpoint=CheckpointInfo(3, "/c", "t")))
+    assert sent[-1]["status"]["progress"]["finished"] is True and len(sent) == 5
+
+
+def test_reporting_urgency_names_what_the_operator_acts_on():
+    base = progress(stage=Stage.GENERATE)
+    assert urgency(None, base) == "first report"
+    assert urgency(base, replace(base, step=4)) is None  # a routine step waits for the interval
+    assert urgency(base, replace(base, stage=Stage.ACTOR_TRAIN)) is None
+    assert urgency(base, replace(base, critic_only_steps_done=1)) == "warm-up step"
+    assert urgency(base, replace(base, error="boom")) == "error"
+    assert urgency(base, replace(base, finished=True)) == "finished"
+    assert due(base, 0.0, replace(base, step=4), 9.9, 10.0) is False
+    assert due(base, 0.0, replace(base, step=4), 10.0, 10.0) is True
 
 
 def test_reporting_close_sends_the_held_snapshot():
