@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import fcntl
 import json
 import shutil
@@ -227,18 +228,19 @@ async def run_phase(cluster, api: Api, kind: Kind, jobs: int, args: argparse.Nam
                                                           STANDIN_COMMAND.format(spool=spool), args.operator_args.split())
         if args.profile:
             procs.profile(operator, workdir / "operator-profile.txt")
-    sightings, stop = Sightings(), asyncio.Event()
+    sightings, stop, connections = Sightings(), asyncio.Event(), collections.Counter()
     watches = [asyncio.create_task(watch(api, collection_path(kind.group, kind.version, kind.plural, namespace),
-                                         record(kind, sightings, "job"), stop))]
-    watches += [asyncio.create_task(watch(api, collection_path(*gvr, namespace), record(kind, sightings, what), stop))
-                for what, gvr in CHILDREN.items()]
+                                         record(kind, sightings, "job"), stop, connections))]
+    watches += [asyncio.create_task(watch(api, collection_path(*gvr, namespace), record(kind, sightings, what), stop,
+                                          connections)) for what, gvr in CHILDREN.items()]
     try:
         await asyncio.sleep(args.settle)  # watches listed, controllers idle
         others = await terminating_namespaces(api)
         idle_from, idle_start = stats.apiserver_requests(await api.metrics()), time.monotonic()
         await asyncio.sleep(args.idle)  # what the cluster does without us, to take off the phase's counts
-        idle_to, idle_end = stats.apiserver_requests(await api.metrics()), time.monotonic()
-        before = {"apiserver": idle_to, "at": idle_end,
+        metrics = await api.metrics()
+        idle_to, idle_end = stats.apiserver_requests(metrics), time.monotonic()
+        before = {"apiserver": idle_to, "at": idle_end, "terminated_watchers": stats.terminated_watchers(metrics),
                   "idle_rate": {k: v / (idle_end - idle_start) for k, v in stats.diff(idle_to, idle_from).items()},
                   "kuberay": scrape(f"http://127.0.0.1:{kuberay_metrics}/metrics"),
                   "operator": scrape(f"http://127.0.0.1:{operator_metrics}/metrics") if operator else "",
@@ -258,7 +260,9 @@ async def run_phase(cluster, api: Api, kind: Kind, jobs: int, args: argparse.Nam
         cleaned = await wait_until("every object to go", lambda: not left(), lambda: f"left: {left()}",
                                    args.phase_timeout, say)
         await asyncio.sleep(2)  # the last deletions' requests land in the metrics
-        after = {"apiserver": stats.apiserver_requests(await api.metrics()), "at": time.monotonic(),
+        metrics = await api.metrics()
+        after = {"apiserver": stats.apiserver_requests(metrics), "at": time.monotonic(),
+                 "terminated_watchers": stats.terminated_watchers(metrics),
                  "kuberay": scrape(f"http://127.0.0.1:{kuberay_metrics}/metrics"),
                  "operator": scrape(f"http://127.0.0.1:{operator_metrics}/metrics") if operator else "",
                  "kuberay_usage": kuberay.usage(), "operator_usage": operator.usage() if operator else None,
@@ -279,7 +283,8 @@ async def run_phase(cluster, api: Api, kind: Kind, jobs: int, args: argparse.Nam
         write_lag_samples(workdir / "lags.jsonl", reports, sightings, started)
     result = measure(kind, jobs, applied, sightings, reports, before, after,
                      complete=deleted and cleaned, run_s=ended - started)
-    return {**result, "other_namespaces_terminating": others}
+    watch_requests = {path.rsplit("/", 1)[-1]: n for path, n in connections.items()}
+    return {**result, "benchmark_watch_requests": watch_requests, "other_namespaces_terminating": others}
 
 
 def seconds_from(applied: dict[str, float], sightings: Sightings, *whats: str) -> list[float]:
@@ -354,6 +359,7 @@ def measure(kind: Kind, jobs: int, applied: dict[str, float], sightings: Sightin
         "report_visible_s": stats.p50_p99(report_visible(reports, sightings)) if kind is PPOJOB else None,
         "report_patch_s": stats.p50_p99(r["stored"] - r["sent"] for r in reports) if kind is PPOJOB else None,
         "trainer_reports": len(reports),
+        "apiserver_watchers_terminated": stats.diff(after["terminated_watchers"], before["terminated_watchers"]),
         "trainer_reports_failed": sum(r["code"] != 200 for r in reports),
         "api_requests_per_job": stats.per_job(job_requests, jobs),
         "api_requests_per_job_by_verb": stats.per_job(stats.by_verb(job_requests), jobs),

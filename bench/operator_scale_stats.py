@@ -64,6 +64,12 @@ def apiserver_requests(text: str) -> collections.Counter:
     return total
 
 
+def terminated_watchers(text: str) -> collections.Counter:
+    """`apiserver_terminated_watchers_total` per resource: watches the API server ended because
+    their client did not keep up (each must resume, and sees its events late)."""
+    return sum_by(parse_samples(text, "apiserver_terminated_watchers_total"), "resource")
+
+
 def diff(after: Mapping[str, float], before: Mapping[str, float]) -> dict[str, float]:
     """after - before per key, keeping only keys that grew."""
     return {k: v - before.get(k, 0) for k, v in sorted(after.items()) if v - before.get(k, 0) > 0}

@@ -38,6 +38,12 @@ def test_controller_runtime_requests_by_method():
     assert stats.sum_by(stats.parse_samples(text, "rest_client_requests_total"), "method") == {"GET": 4, "POST": 2}
 
 
+def test_terminated_watchers_per_resource():
+    text = 'apiserver_terminated_watchers_total{group="ppojob.io",resource="ppojobs"} 6\n' \
+           'apiserver_terminated_watchers_total{group="",resource="pods"} 1\n'
+    assert stats.terminated_watchers(text) == {"ppojobs": 6, "pods": 1}
+
+
 def test_diff_keeps_what_grew_and_idle_rate_is_taken_off():
     grown = stats.diff({"POST pods": 30, "GET pods": 5, "PUT leases": 40}, {"POST pods": 10, "GET pods": 5})
     assert grown == {"POST pods": 20, "PUT leases": 40}
