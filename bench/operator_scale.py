@@ -41,7 +41,7 @@ from operator_scale_standin import STANDIN_COMMAND
 
 from local_cluster import LocalCluster
 from local_cluster import manifests as cluster_manifests
-from ppo_trainer.reporting_k8s import MIN_INTERVAL_S
+from ppo_trainer.reporting_k8s import MIN_INTERVAL_S, SLOWDOWN
 
 ROOT = Path(__file__).resolve().parents[1]
 CRD = ROOT / "crds" / "ppojobs.ppojob.io.yaml"
@@ -223,7 +223,7 @@ async def run_phase(cluster, api: Api, kind: Kind, jobs: int, args: argparse.Nam
     reports_path = workdir / "reports.jsonl"
     if kind is PPOJOB:
         standin, spool, reports_path = procs.start_standin(workdir, every=args.every, steps=args.steps, warmup=args.warmup,
-                                                                    min_interval=args.min_interval)
+                                                           min_interval=args.min_interval, slowdown=args.slowdown)
         operator, operator_metrics = procs.start_operator(cluster, namespace, workdir,
                                                           STANDIN_COMMAND.format(spool=spool), args.operator_args.split())
         if args.profile:
@@ -448,7 +448,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--every", type=float, default=5.0, help="seconds a step of a trainer stand-in takes")
     p.add_argument("--steps", type=int, default=6, help="steps each PPOJob runs (one every --every seconds)")
     p.add_argument("--min-interval", type=float, default=MIN_INTERVAL_S,
-                   help="the trainers' report throttle (the trainer's own default; 0: a report at every step)")
+                   help="the trainers' report throttle (the trainer's own default; 0 with --slowdown 0: a report at every step)")
+    p.add_argument("--slowdown", type=float, default=SLOWDOWN,
+                   help="the trainers' routine reports wait this many times their last PATCH's time (the trainer's own; 0: off)")
     p.add_argument("--warmup", type=int, default=1, help="critic-only steps of each PPOJob")
     p.add_argument("--settle", type=float, default=5.0, help="seconds between starting the controllers and applying")
     p.add_argument("--idle", type=float, default=10.0,

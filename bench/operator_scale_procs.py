@@ -123,13 +123,15 @@ def start_operator(cluster, namespace: str, workdir: Path, trainer_command: str,
     return child, metrics
 
 
-def start_standin(workdir: Path, *, every: float, steps: int, warmup: int, min_interval: float) -> tuple[Child, Path, Path]:
+def start_standin(workdir: Path, *, every: float, steps: int, warmup: int, min_interval: float,
+                  slowdown: float) -> tuple[Child, Path, Path]:
     """The multiplexed trainer stand-in; (child, spool dir, report log)."""
     spool, reports = workdir / "spool", workdir / "reports.jsonl"
     spool.mkdir(parents=True, exist_ok=True)
     child = Child.start("stand-in", [
         sys.executable, str(STANDIN), "--spool", str(spool), "--log", str(reports),
         "--every", str(every), "--steps", str(steps), "--warmup", str(warmup), "--min-interval", str(min_interval),
+        "--slowdown", str(slowdown),
     ], workdir / "standin.log", dict(os.environ))
     return child, spool, reports
 

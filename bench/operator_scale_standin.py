@@ -10,8 +10,9 @@ This process picks each line up and reports for that job exactly as the real tra
 on the status subresource, authenticated with the job's own ServiceAccount token from the
 kubeconfig the operator wrote into the folder). Its steps take S seconds each (the first W
 critic-only), then it finishes; it reports at the start, at each step and at the end as far as
-the trainer's own throttling rule lets it (`ppo_trainer.reporting_k8s.due`: warm-up steps and the
-end at once, other steps at most one per `MIN_INTERVAL_S`). Each report is logged with the
+the trainer's own throttle lets it (`ppo_trainer.reporting_k8s.Throttle`: warm-up steps and the
+end at once, other steps at most one per `MIN_INTERVAL_S`, fewer while the API server is slow).
+Each report is logged with the
 monotonic time its PATCH returned and the phase the operator should show after it (Training after
 the last critic-only step, Succeeded after `finished`), from which the benchmark computes the
 status lag.
@@ -34,7 +35,7 @@ import aiohttp
 import yaml
 
 from ppo_trainer.reporting import Progress, utc_now
-from ppo_trainer.reporting_k8s import MIN_INTERVAL_S, due, status_patch
+from ppo_trainer.reporting_k8s import MIN_INTERVAL_S, SLOWDOWN, Throttle, status_patch
 from ppojob_api.vocabulary import GROUP, PLURAL, VERSION, Stage, TrainResidency
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -70,20 +71,12 @@ def expected_phase(step: int, *, warmup: int, finished: bool) -> str | None:
     return "Training" if warmup and step == warmup else None
 
 
-def report_schedule(*, steps: int, warmup: int, attempt: int, every: float,
-                    min_interval: float) -> list[tuple[float, Progress]]:
-    """(seconds after the start, snapshot) of each report a trainer sends: a step every `every`
-    seconds, the end right after the last step, each sent only if the trainer's throttle would."""
-    schedule: list[tuple[float, Progress]] = []
-    sent, sent_at = None, None
-    for step in range(steps + 2):
-        finished = step > steps
-        at, progress = min(step, steps) * every, progress_at(min(step, steps), steps=steps, warmup=warmup,
-                                                             attempt=attempt, finished=finished)
-        if due(sent, sent_at, progress, at, min_interval):
-            schedule.append((at, progress))
-            sent, sent_at = progress, at
-    return schedule
+def snapshots(*, steps: int, warmup: int, attempt: int, every: float) -> list[tuple[float, Progress]]:
+    """(seconds after the start, snapshot) of each report a trainer would send unthrottled: the start,
+    a step every `every` seconds, the end right after the last step."""
+    return [(min(step, steps) * every, progress_at(min(step, steps), steps=steps, warmup=warmup, attempt=attempt,
+                                                    finished=step > steps))
+            for step in range(steps + 2)]
 
 
 def credentials(folder: Path) -> tuple[str, str, ssl.SSLContext]:
@@ -103,7 +96,8 @@ class Standin:
         self.tasks: set[asyncio.Task] = set()
         self.session: aiohttp.ClientSession | None = None
 
-    async def report(self, job: Registration, server: str, token: str, progress: Progress, phase: str | None) -> None:
+    async def report(self, job: Registration, server: str, token: str, progress: Progress, phase: str | None) -> float:
+        """One PATCH, logged; the seconds it took."""
         path = f"/apis/{GROUP}/{VERSION}/namespaces/{job.namespace}/{PLURAL}/{job.name}/status"
         sent = time.monotonic()
         try:
@@ -117,6 +111,7 @@ class Standin:
         self.log.write(json.dumps({"namespace": job.namespace, "job": job.name, "step": progress.step,
                                    "finished": progress.finished, "phase": phase, "sent": sent,
                                    "stored": time.monotonic(), "code": code}) + "\n")
+        return time.monotonic() - sent
 
     async def run_job(self, job: Registration) -> None:
         """A trainer's reports on its step clock; it then waits (its `sleep` is stopped by the operator)."""
@@ -124,11 +119,12 @@ class Standin:
         if self.session is None:
             self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context, limit=64))
         a, start = self.args, time.monotonic()
-        for at, progress in report_schedule(steps=a.steps, warmup=a.warmup, attempt=job.attempt, every=a.every,
-                                            min_interval=a.min_interval):
+        throttle = Throttle(a.min_interval, a.slowdown)
+        for at, progress in snapshots(steps=a.steps, warmup=a.warmup, attempt=job.attempt, every=a.every):
             await asyncio.sleep(max(0.0, start + at - time.monotonic()))
-            phase = expected_phase(progress.step, warmup=a.warmup, finished=progress.finished)
-            await self.report(job, server, token, progress, phase)
+            if throttle.due(progress, start + at):
+                phase = expected_phase(progress.step, warmup=a.warmup, finished=progress.finished)
+                throttle.sent(progress, start + at, await self.report(job, server, token, progress, phase))
 
     def pick_up(self) -> None:
         for entry in os.scandir(self.args.spool):
@@ -152,6 +148,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--every", type=float, default=5.0, help="seconds a step of one job takes")
     p.add_argument("--min-interval", type=float, default=MIN_INTERVAL_S,
                    help="the trainer's throttle: seconds between two reports that are not urgent")
+    p.add_argument("--slowdown", type=float, default=SLOWDOWN,
+                   help="the trainer's throttle: a routine report waits this many times its last PATCH's time (0: off)")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--warmup", type=int, default=1, help="critic-only steps")
     return p.parse_args(argv)

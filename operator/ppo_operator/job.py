@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
+import json
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -52,10 +54,7 @@ class Job:
 
     def parse(self) -> tuple[PPOJobSpec | None, str | None]:
         """The typed spec, or None and every problem in one message (never raises)."""
-        try:
-            return parse_spec(dict(self.raw_spec)), None
-        except SpecError as exc:
-            return None, "; ".join(exc.problems)
+        return _parse(json.dumps(self.raw_spec, sort_keys=True))
 
     def owner_reference(self) -> dict[str, Any]:
         """Makes the job the controller of a child, so that deleting the job deletes the child."""
@@ -67,6 +66,16 @@ class Job:
             "controller": True,
             "blockOwnerDeletion": True,
         }
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse(spec_json: str) -> tuple[PPOJobSpec | None, str | None]:
+    """Parsed by content, once: a reconcile reads the spec several times, and the operator reconciles
+    on every report and child event (the typed spec is frozen, so it is safe to share)."""
+    try:
+        return parse_spec(json.loads(spec_json)), None
+    except SpecError as exc:
+        return None, "; ".join(exc.problems)
 
 
 def parse_time(value: str | None) -> datetime | None:

@@ -1,12 +1,13 @@
 """The PPOJob status reporter: the trainer merge-patches `status.progress` of its own PPOJob.
 
-Throttled: at most one patch per `min_interval` seconds, except the changes that matter (a
-critic-only warm-up step is done, a checkpoint is written, the run finishes or fails), which are
-sent at once; a throttled snapshot is sent by the next report after the interval, by the heartbeat
-thread, or on close. A new step after the warm-up is not urgent: with steps shorter than the
-interval, its status would otherwise be written once a step, and at hundreds of jobs those writes
-are the API server's largest load (docs/scale.md); `kubectl get` shows the step up to
-`min_interval` late instead.
+Throttled (`Throttle`): the changes that matter (a critic-only warm-up step is done, a checkpoint
+is written, the run finishes or fails) are sent at once; any other snapshot waits until
+`min_interval` seconds have passed since the last one sent, and longer while the API server is
+slow: the wait is at least SLOWDOWN times as long as the last patch took (at most
+MAX_INTERVAL_S, the heartbeat's period). A slow API server is a loaded one, and at hundreds of jobs
+the trainers' routine writes are its largest load (docs/scale.md); `kubectl get` shows the step
+that much later instead. A held snapshot is sent by the next report that is due, by the heartbeat
+thread, or on close.
 The heartbeat re-sends the latest snapshot with a fresh `heartbeatTime` when nothing was sent for
 `heartbeat_seconds`, so the operator can tell a live trainer in a long stage from a dead one.
 It never crashes training: API errors are logged and counted, and the run goes on. The
@@ -31,6 +32,11 @@ log = logging.getLogger(__name__)
 Patch = Callable[[dict[str, Any]], None]
 MIN_INTERVAL_S = 10.0
 """The least time between two snapshots that are not urgent."""
+MAX_INTERVAL_S = 30.0
+"""The most a routine snapshot is held back: the heartbeat's period."""
+SLOWDOWN = 50.0
+"""A routine snapshot waits at least this many times as long as the last patch took: with the API
+server answering in 0.2 s or less the interval stays `min_interval`; at 0.6 s it is the maximum."""
 
 
 def status_patch(progress: Progress, *, now: str) -> dict[str, Any]:
@@ -57,9 +63,31 @@ def urgency(previous: Progress | None, current: Progress) -> str | None:
     return None
 
 
-def due(previous: Progress | None, sent_at: float | None, current: Progress, now: float, min_interval: float) -> bool:
-    """Whether `current` is sent now, given the last snapshot sent and when (the one throttling rule)."""
-    return urgency(previous, current) is not None or sent_at is None or now - sent_at >= min_interval
+def routine_interval(min_interval: float, last_patch_s: float, slowdown: float = SLOWDOWN) -> float:
+    """Seconds between two routine snapshots: `min_interval`, stretched while the API server is slow."""
+    return min(max(MAX_INTERVAL_S, min_interval), max(min_interval, slowdown * last_patch_s))
+
+
+class Throttle:
+    """The one rule for when a snapshot is sent (the trainer's reporter and the scale stand-in both use it)."""
+
+    def __init__(self, min_interval: float = MIN_INTERVAL_S, slowdown: float = SLOWDOWN):
+        self.min_interval, self.slowdown = min_interval, slowdown
+        self.last_sent: Progress | None = None
+        self.sent_at: float | None = None
+        self.last_patch_s = 0.0
+
+    def interval(self) -> float:
+        return routine_interval(self.min_interval, self.last_patch_s, self.slowdown)
+
+    def due(self, current: Progress, now: float) -> bool:
+        if urgency(self.last_sent, current) is not None or self.sent_at is None:
+            return True
+        return now - self.sent_at >= self.interval()
+
+    def sent(self, progress: Progress, at: float, took_s: float) -> None:
+        """`progress` was sent at `at` (when its patch started) and its patch took `took_s`."""
+        self.last_sent, self.sent_at, self.last_patch_s = progress, at, took_s
 
 
 class KubernetesReporter:
@@ -68,17 +96,15 @@ class KubernetesReporter:
         patch: Patch,
         *,
         min_interval: float = MIN_INTERVAL_S,
-        heartbeat_seconds: float | None = 30.0,
+        heartbeat_seconds: float | None = MAX_INTERVAL_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._patch = patch
-        self.min_interval = min_interval
+        self.throttle = Throttle(min_interval)
         self.clock = clock
         self.failures = 0
         self.sent = 0
         self._lock = threading.Lock()
-        self._last_sent_at: float | None = None
-        self._last_sent: Progress | None = None
         self._latest: Progress | None = None
         self._stop = threading.Event()
         self._heartbeat = None
@@ -110,7 +136,7 @@ class KubernetesReporter:
     def report(self, progress: Progress) -> None:
         with self._lock:
             self._latest = progress
-            if due(self._last_sent, self._last_sent_at, progress, self.clock(), self.min_interval):
+            if self.throttle.due(progress, self.clock()):
                 self._send(progress)
 
     def event(self, kind: str, **fields: Any) -> None:
@@ -119,22 +145,23 @@ class KubernetesReporter:
     def close(self) -> None:
         self._stop.set()
         with self._lock:
-            if self._latest is not None and self._latest is not self._last_sent:
+            if self._latest is not None and self._latest is not self.throttle.last_sent:
                 self._send(self._latest)
 
     def _beat(self, every: float) -> None:
         while not self._stop.wait(min(every, 1.0)):
             with self._lock:
-                stale = self._last_sent_at is not None and self.clock() - self._last_sent_at >= every
+                sent_at = self.throttle.sent_at
+                stale = sent_at is not None and self.clock() - sent_at >= every
                 if stale and self._latest is not None:
                     self._send(self._latest)
 
     def _send(self, progress: Progress) -> None:
+        started = self.clock()
         try:
             self._patch(status_patch(progress, now=utc_now()))
             self.sent += 1
         except Exception as exc:  # noqa: BLE001 (an API error must never stop training)
             self.failures += 1
             log.warning("could not patch the PPOJob status (%s: %s); training goes on", type(exc).__name__, exc)
-        self._last_sent_at = self.clock()
-        self._last_sent = progress
+        self.throttle.sent(progress, started, self.clock() - started)

@@ -44,6 +44,9 @@ WRAPPER = (
     '"$@"; code=$?; echo $code > exit.tmp && mv exit.tmp exit; exit $code'
 )
 PID_WAIT_S = 10.0
+REAP_EVERY_S = 1.0
+"""How often exited trainers are reaped (a zombie already reads as exited): polling every child on
+each reconcile costs time in proportion to the number of jobs."""
 
 
 def _process_start(pid: int) -> str | None:
@@ -89,6 +92,7 @@ class LocalLauncher:
     def __init__(self, kube: Kube, *, state_dir: Path, options: BuildOptions, token_seconds: int = 86400):
         self.kube, self.state_dir, self.options, self.token_seconds = kube, state_dir, options, token_seconds
         self._children: dict[int, subprocess.Popen] = {}
+        self._reaped_at = float("-inf")
 
     def job_dir(self, job: Job) -> Path:
         return self.state_dir / job.namespace / f"{job.name}-{job.uid}"
@@ -97,6 +101,10 @@ class LocalLauncher:
         return self.job_dir(job) / f"a{attempt}"
 
     def _reap(self) -> None:
+        now = time.monotonic()
+        if now - self._reaped_at < REAP_EVERY_S:
+            return
+        self._reaped_at = now
         for pid, child in list(self._children.items()):
             if child.poll() is not None:
                 del self._children[pid]

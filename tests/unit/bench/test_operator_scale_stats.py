@@ -2,7 +2,9 @@
 
 import operator_scale_stats as stats
 import pytest
-from operator_scale_standin import expected_phase, parse_registration, progress_at, report_schedule
+from operator_scale_standin import expected_phase, parse_registration, progress_at, snapshots
+
+from ppo_trainer.reporting_k8s import Throttle
 
 APISERVER = """\
 # HELP apiserver_request_total [STABLE] Counter of apiserver requests
@@ -73,11 +75,17 @@ def test_standin_reports_like_the_trainer_and_names_the_phase_it_expects():
 
 
 def test_standin_throttles_its_reports_as_the_trainer_does():
-    """Steps of 5 s under the trainer's 10 s throttle: the start, the end of the warm-up and the end at
-    once, the other steps at most one per 10 s; with no throttle, one report a step."""
-    def sent(min_interval):
-        return [(at, p.step, p.finished) for at, p in report_schedule(steps=6, warmup=1, attempt=0, every=5.0,
-                                                                      min_interval=min_interval)]
+    """Steps of 5 s under the trainer's throttle: the start, the end of the warm-up and the end at
+    once; the other steps at most one per 10 s with a quick API server, none when it is slow;
+    with no throttle, one report a step."""
+    def sent(min_interval, patch_s, slowdown=50.0):
+        throttle, out = Throttle(min_interval, slowdown), []
+        for at, p in snapshots(steps=6, warmup=1, attempt=0, every=5.0):
+            if throttle.due(p, at):
+                throttle.sent(p, at, patch_s)
+                out.append((at, p.step, p.finished))
+        return out
 
-    assert sent(10.0) == [(0, 0, False), (5, 1, False), (15, 3, False), (25, 5, False), (30, 6, True)]
-    assert sent(0.0) == [(5.0 * s, s, False) for s in range(7)] + [(30, 6, True)]
+    assert sent(10.0, 0.05) == [(0, 0, False), (5, 1, False), (15, 3, False), (25, 5, False), (30, 6, True)]
+    assert sent(10.0, 1.0) == [(0, 0, False), (5, 1, False), (30, 6, True)]  # 30 s between routine reports
+    assert sent(0.0, 1.0, slowdown=0.0) == [(5.0 * s, s, False) for s in range(7)] + [(30, 6, True)]

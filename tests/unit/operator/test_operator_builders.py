@@ -232,3 +232,11 @@ def test_build_submission_is_deterministic_per_attempt_and_resumes_after_the_fir
     manifest = yaml.safe_load(base64.b64decode(encoded))
     assert manifest["kind"] == "PPOJob" and manifest["spec"]["image"] == "ppojob/trainer:test"
     assert first["runtime_env"] == {"env_vars": {"PPOJOB_ATTEMPT": "0"}}
+
+
+def test_a_spec_is_parsed_once_per_content_and_a_bad_one_still_names_its_field():
+    first, same, other = make_job(), make_job(name="another"), make_job(ppo={"numRollouts": 7})
+    assert first.parse()[0] is same.parse()[0]  # equal specs share one parse
+    assert other.parse()[0].ppo.num_rollouts == 7 and other.parse()[0] is not first.parse()[0]
+    spec, problem = make_job(ppo={"numRollouts": -1}).parse()
+    assert spec is None and "ppo.numRollouts" in problem

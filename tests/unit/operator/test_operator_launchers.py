@@ -165,3 +165,22 @@ def test_ray_jobs_launcher_submits_once_and_reads_the_state():
 
     asyncio.run(scenario())
 
+
+
+def test_exited_children_are_reaped_at_most_once_a_second(tmp_path, monkeypatch):
+    local, _ = launcher(tmp_path, "pass")
+    polls = []
+
+    class Child:
+        def poll(self):
+            polls.append(1)
+            return 0
+
+    local._children = {1: Child(), 2: Child()}
+    local._reap()
+    local._children[3] = Child()
+    local._reap()  # within the second: no poll
+    assert len(polls) == 2 and 3 in local._children
+    monkeypatch.setattr("ppo_operator.launchers.local.REAP_EVERY_S", 0.0)
+    local._reap()
+    assert len(polls) == 3 and not local._children

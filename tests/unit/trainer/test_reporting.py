@@ -7,7 +7,7 @@ import json
 from dataclasses import replace
 
 from ppo_trainer.reporting import CheckpointInfo, JsonLinesReporter, Progress
-from ppo_trainer.reporting_k8s import KubernetesReporter, due, status_patch, urgency
+from ppo_trainer.reporting_k8s import KubernetesReporter, Throttle, routine_interval, status_patch, urgency
 from ppojob_api.vocabulary import RolloutResidency, Stage, TrainResidency
 
 
@@ -69,8 +69,41 @@ def test_reporting_urgency_names_what_the_operator_acts_on():
     assert urgency(base, replace(base, critic_only_steps_done=1)) == "warm-up step"
     assert urgency(base, replace(base, error="boom")) == "error"
     assert urgency(base, replace(base, finished=True)) == "finished"
-    assert due(base, 0.0, replace(base, step=4), 9.9, 10.0) is False
-    assert due(base, 0.0, replace(base, step=4), 10.0, 10.0) is True
+    throttle = Throttle(10.0)
+    throttle.sent(base, 0.0, 0.05)
+    assert throttle.due(replace(base, step=4), 9.9) is False
+    assert throttle.due(replace(base, step=4), 10.0) is True
+    assert throttle.due(replace(base, critic_only_steps_done=1), 0.1) is True
+
+
+def test_reporting_routine_interval_stretches_while_the_api_server_is_slow():
+    assert routine_interval(10.0, 0.01) == 10.0  # a quick API server: the interval as set
+    assert routine_interval(10.0, 0.4) == 20.0  # 50 times the last patch's time
+    assert routine_interval(10.0, 5.0) == 30.0  # never past the heartbeat's period
+    assert routine_interval(60.0, 5.0) == 60.0  # an interval set longer than that stays
+    assert routine_interval(10.0, 5.0, slowdown=0.0) == 10.0  # off
+    throttle = Throttle(10.0)
+    throttle.sent(progress(stage=Stage.GENERATE), 0.0, 0.4)
+    assert throttle.due(progress(step=4, stage=Stage.GENERATE), 15.0) is False
+    assert throttle.due(progress(step=4, stage=Stage.GENERATE), 20.0) is True
+    assert throttle.due(progress(stage=Stage.DONE, finished=True), 1.0) is True  # what matters never waits
+
+
+def test_reporting_measures_its_patches_for_the_throttle():
+    clock, sent = Clock(), []
+
+    def slow_patch(body):
+        clock.now += 0.4  # the API server takes 0.4 s to answer
+        sent.append(body)
+
+    k8s = KubernetesReporter(slow_patch, min_interval=10, heartbeat_seconds=None, clock=clock)
+    k8s.report(progress(stage=Stage.GENERATE))
+    clock.now = 12.0
+    k8s.report(progress(step=4, stage=Stage.GENERATE))  # 12 s after the last: held, the interval is now 20 s
+    assert len(sent) == 1 and k8s.throttle.interval() == 20.0
+    clock.now = 20.0
+    k8s.report(progress(step=5, stage=Stage.GENERATE))
+    assert [b["status"]["progress"]["step"] for b in sent] == [3, 5]
 
 
 def test_reporting_close_sends_the_held_snapshot():
