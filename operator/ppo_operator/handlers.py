@@ -151,6 +151,10 @@ def register(registry: kopf.OperatorRegistry, *, pod_group_resources: Iterable[G
         for resource in pod_group_resources:
             settings.watching.label_selectors[resource.group, resource.plural] = LABEL_JOB_NAME
 
+    @kopf.on.cleanup(registry=registry, id="close_api")
+    async def close_api(memo: kopf.Memo, **_: Any) -> None:
+        await memo.runtime.reconciler.kube.close()
+
     @kopf.on.login(registry=registry, id="login")
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
         """In-cluster token or KUBECONFIG, as the kubernetes client finds them (and as `Kube` does)."""

@@ -2,24 +2,25 @@
 
 Reads come from kopf's watch-fed indices, never from here (except the one-off reference check of
 a volume claim or secret, and the phantom audit: `list_uids`). `ensure_created` treats 409 AlreadyExists as success and `ensure_deleted`
-treats 404 NotFound as success, so each step can be repeated after a crash. The blocking
-`kubernetes` client runs in a small thread pool; every request is counted by verb and resource
-(`Kube.counts`) for the API-cost figures. Depends on the kubernetes client and `gang.GroupResource`.
+treats 404 NotFound as success, so each step can be repeated after a crash. Requests are made
+with aiohttp on the operator's event loop (the `kubernetes` client only finds the credentials,
+as kopf's login does); every request is counted by verb and resource (`Kube.counts`) for the
+API-cost figures. Depends on aiohttp, the kubernetes client's config and `gang.GroupResource`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import collections
-import concurrent.futures
 import json
 import logging
+import ssl
 import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from kubernetes import client, config
 
 from ppo_operator.gang import GroupResource
@@ -64,47 +65,64 @@ PLURALS = {
 
 
 class Kube:
-    """An API client for the reconcile: async methods over the blocking kubernetes client.
+    """An API client for the reconcile: async requests on the operator's event loop.
 
-    Two lanes, each its own threads and its own connection pool: status writes (`patch_status`)
-    and everything else (creates, deletes, reads, tokens). A status write records a decision and
-    shows the trainer's progress; under load a create or delete can hold a thread and a
-    connection for seconds, and a status write must not queue behind hundreds of them.
+    Two lanes, each its own connection pool: status writes (`patch_status`) and everything else
+    (creates, deletes, reads, tokens). A status write records a decision and shows the trainer's
+    progress; under load a create or delete can hold a connection for seconds, and a status write
+    must not queue behind hundreds of them. No threads: with a thread per request, at 500 jobs a
+    status write spent most of its time waiting for the GIL behind the other requests' threads
+    (docs/scale.md).
     """
 
-    def __init__(self, api_client: client.ApiClient, *, workers: int = 16,
-                 status_api_client: client.ApiClient | None = None, status_workers: int = 16):
-        self.api = api_client
-        self.status_api = status_api_client or api_client
+    def __init__(self, configuration: client.Configuration, *, connections: int = 64, status_connections: int = 64):
+        self.configuration = configuration
+        self.connections, self.status_connections = connections, status_connections
         self.counts: collections.Counter[str] = collections.Counter()
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kube")
-        self._status_pool = concurrent.futures.ThreadPoolExecutor(max_workers=status_workers,
-                                                                  thread_name_prefix="kube-status")
+        self._sessions: dict[bool, aiohttp.ClientSession] = {}
 
     @classmethod
-    def from_environment(cls, *, workers: int = 16, status_workers: int = 16) -> Kube:
-        """In-cluster config inside a pod, else KUBECONFIG (the same choice kopf makes); a client per lane."""
-        return cls(client.ApiClient(_configuration(workers)), workers=workers,
-                   status_api_client=client.ApiClient(_configuration(status_workers)), status_workers=status_workers)
+    def from_environment(cls, *, connections: int = 64, status_connections: int = 64) -> Kube:
+        """In-cluster config inside a pod, else KUBECONFIG (the same choice kopf makes)."""
+        return cls(_configuration(), connections=connections, status_connections=status_connections)
 
     # -- the one request primitive -------------------------------------------------------------
-    @staticmethod
-    def _request(api: client.ApiClient, method: str, path: str, body: Any = None,
-                 content_type: str = "application/json") -> Any:
+    def _session(self, status_lane: bool) -> aiohttp.ClientSession:
+        """The lane's session, made on first use inside the running event loop."""
+        session = self._sessions.get(status_lane)
+        if session is None or session.closed:
+            limit = self.status_connections if status_lane else self.connections
+            connector = aiohttp.TCPConnector(ssl=self._tls(), limit=limit)
+            session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=30))
+            self._sessions[status_lane] = session
+        return session
+
+    def _tls(self) -> ssl.SSLContext | bool:
+        c = self.configuration
+        if not c.verify_ssl:
+            return False
+        context = ssl.create_default_context(cafile=c.ssl_ca_cert)
+        if c.cert_file:
+            context.load_cert_chain(c.cert_file, c.key_file)
+        return context
+
+    def _headers(self, content_type: str) -> dict[str, str]:
         headers = {"Accept": "application/json", "Content-Type": content_type}
-        _, url, headers, _, _ = api.param_serialize(method, path, header_params=headers, auth_settings=["BearerToken"])
-        response = api.call_api(method, url, header_params=headers, body=body, _request_timeout=30)
-        data = response.read() or b""
-        if not 200 <= response.status < 300:
-            raise KubeError(response.status, response.reason or "", data.decode(errors="replace"))
-        return json.loads(data) if data else None
+        token = self.configuration.get_api_key_with_prefix("authorization")  # refreshed in a pod
+        if token:
+            headers["Authorization"] = token
+        return headers
 
     async def request(self, method: str, path: str, body: Any = None, content_type: str = "application/json", *,
                       status_lane: bool = False) -> Any:
         self.counts[f"{method} {path_kind(path)}"] += 1
-        pool, api = (self._status_pool, self.status_api) if status_lane else (self._pool, self.api)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(pool, self._request, api, method, path, body, content_type)
+        data = None if body is None else json.dumps(body)
+        async with self._session(status_lane).request(method, self.configuration.host + path, data=data,
+                                                      headers=self._headers(content_type)) as response:
+            payload = await response.read()
+        if not 200 <= response.status < 300:
+            raise KubeError(response.status, response.reason or "", payload.decode(errors="replace"))
+        return json.loads(payload) if payload else None
 
     # -- idempotent steps ----------------------------------------------------------------------
     async def ensure_created(self, manifest: Mapping[str, Any]) -> bool:
@@ -156,26 +174,26 @@ class Kube:
     # -- what a kubeconfig for the trainer needs -----------------------------------------------
     @property
     def server(self) -> str:
-        return self.api.configuration.host
+        return self.configuration.host
 
     def ca_data(self) -> str | None:
-        ca_file = self.api.configuration.ssl_ca_cert
+        ca_file = self.configuration.ssl_ca_cert
         return base64.b64encode(Path(ca_file).read_bytes()).decode() if ca_file else None
 
     @property
     def verifies_tls(self) -> bool:
-        return bool(self.api.configuration.verify_ssl)
+        return bool(self.configuration.verify_ssl)
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=False)
-        self._status_pool.shutdown(wait=False)
+    async def close(self) -> None:
+        for session in self._sessions.values():
+            await session.close()
+        self._sessions.clear()
 
 
-def _configuration(connections: int) -> client.Configuration:
+def _configuration() -> client.Configuration:
     configuration = client.Configuration()
     try:
         config.load_incluster_config(client_configuration=configuration)
     except config.ConfigException:
         config.load_kube_config(client_configuration=configuration)
-    configuration.connection_pool_maxsize = connections
     return configuration

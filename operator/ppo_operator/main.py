@@ -55,10 +55,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--peering", metavar="NAME", help="kopf peering name (several replicas, one active); default standalone")
     p.add_argument("--priority", type=int, default=None,
                    help="kopf peering priority of this replica (default: derived from $POD_NAME, so replicas differ)")
-    p.add_argument("--api-workers", type=int, default=64,
-                   help="threads (and connections) for API writes other than status (a loaded API server answers in seconds)")
-    p.add_argument("--status-workers", type=int, default=64,
-                   help="threads (and connections) of their own for status writes, so they never queue behind creates and deletes")
+    p.add_argument("--api-connections", type=int, default=64,
+                   help="connections for API requests other than status writes (a loaded API server answers in seconds)")
+    p.add_argument("--status-connections", type=int, default=64,
+                   help="connections of their own for status writes, so they never queue behind creates and deletes")
     p.add_argument("--gc-full-every", type=float, default=300.0, metavar="SECONDS",
                    help="run CPython's full garbage collection on this timer instead of its own trigger (0: CPython's default)")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics of the operator's API requests on this port")
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     policy, enabled = build_policy(args)
     options = BuildOptions(ray_version=args.ray_version, head_cpu=args.head_cpu, head_memory=args.head_memory,
                            trainer_command=tuple(shlex.split(args.trainer_command)))
-    kube = Kube.from_environment(workers=args.api_workers, status_workers=args.status_workers)
+    kube = Kube.from_environment(connections=args.api_connections, status_connections=args.status_connections)
     if args.launcher == "local":
         launcher = LocalLauncher(kube, state_dir=args.state_dir.expanduser().resolve(), options=options)
     else:
@@ -154,7 +154,6 @@ def main(argv: list[str] | None = None) -> int:
         if gc_timer is not None:
             gc_timer.set()
         write_stats(args.stats_file, kube)
-        kube.close()
     return 0
 
 
