@@ -108,7 +108,8 @@ class Kube:
 
     def _headers(self, content_type: str) -> dict[str, str]:
         headers = {"Accept": "application/json", "Content-Type": content_type}
-        token = self.configuration.get_api_key_with_prefix("authorization")  # refreshed in a pod
+        # Where the kubernetes config loaders put a token (refreshed in a pod by their hook).
+        token = self.configuration.get_api_key_with_prefix("BearerToken", alias="authorization")
         if token:
             headers["Authorization"] = token
         return headers

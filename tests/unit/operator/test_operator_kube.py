@@ -50,8 +50,8 @@ async def serve(fake: FakeApiServer) -> tuple[web.AppRunner, str]:
 
 
 def kube_for(server: str, *, connections: int, status_connections: int) -> Kube:
-    configuration = client.Configuration(host=server, api_key={"authorization": "t0k3n"},
-                                         api_key_prefix={"authorization": "Bearer"})
+    """As `config.load_kube_config` leaves a kubeconfig with a token user (and the in-cluster loader)."""
+    configuration = client.Configuration(host=server, api_key={"BearerToken": "Bearer t0k3n"})
     return Kube(configuration, connections=connections, status_connections=status_connections)
 
 
