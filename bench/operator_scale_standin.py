@@ -108,10 +108,11 @@ class Standin:
                 code = response.status
         except (TimeoutError, aiohttp.ClientError) as exc:
             code = f"{type(exc).__name__}"
+        stored = time.monotonic()
         self.log.write(json.dumps({"namespace": job.namespace, "job": job.name, "step": progress.step,
                                    "finished": progress.finished, "phase": phase, "sent": sent,
-                                   "stored": time.monotonic(), "code": code}) + "\n")
-        return time.monotonic() - sent
+                                   "stored": stored, "code": code}) + "\n")
+        return stored - sent
 
     async def run_job(self, job: Registration) -> None:
         """A trainer's reports on its step clock; it then waits (its `sleep` is stopped by the operator)."""
