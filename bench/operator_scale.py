@@ -46,6 +46,10 @@ from ppo_trainer.reporting_k8s import MIN_INTERVAL_S, SLOWDOWN
 ROOT = Path(__file__).resolve().parents[1]
 CRD = ROOT / "crds" / "ppojobs.ppojob.io.yaml"
 LOCK = Path("/tmp/ppojob-cluster.lock")
+CONTROL_PLANE_NICE = -10
+"""The API server and etcd run ahead of everything else on this machine's two cores, as on the
+control-plane machines of a real cluster, where neither the kubelets, the operators nor 500
+trainers take CPU from them (docs/scale.md, session 7)."""
 
 
 class Kind:
@@ -244,7 +248,8 @@ async def run_phase(cluster, api: Api, kind: Kind, jobs: int, args: argparse.Nam
                   "idle_rate": {k: v / (idle_end - idle_start) for k, v in stats.diff(idle_to, idle_from).items()},
                   "kuberay": scrape(f"http://127.0.0.1:{kuberay_metrics}/metrics"),
                   "operator": scrape(f"http://127.0.0.1:{operator_metrics}/metrics") if operator else "",
-                  "kuberay_cpu": kuberay.usage()["cpu_s"], "operator_cpu": operator.usage()["cpu_s"] if operator else 0}
+                  "kuberay_cpu": kuberay.usage()["cpu_s"], "operator_cpu": operator.usage()["cpu_s"] if operator else 0,
+                  "control_plane_cpu": procs.control_plane_cpu(cluster)}
         started = time.monotonic()
         say(f"[{kind.name} x{jobs}] applying")
         applied = await apply_jobs(api, kind, namespace, names, args)
@@ -266,6 +271,7 @@ async def run_phase(cluster, api: Api, kind: Kind, jobs: int, args: argparse.Nam
                  "kuberay": scrape(f"http://127.0.0.1:{kuberay_metrics}/metrics"),
                  "operator": scrape(f"http://127.0.0.1:{operator_metrics}/metrics") if operator else "",
                  "kuberay_usage": kuberay.usage(), "operator_usage": operator.usage() if operator else None,
+                 "control_plane_cpu": procs.control_plane_cpu(cluster),
                  "standin_usage": standin.usage() if standin else None}
         say(f"[{kind.name} x{jobs}] done: {time.monotonic() - started:.0f} s in all")
     finally:
@@ -373,7 +379,9 @@ def measure(kind: Kind, jobs: int, applied: dict[str, float], sightings: Sightin
         "operator": {"cpu_s": round(operator_cpu, 2), "peak_rss_mib": operator_usage["peak_rss_mib"]}
         if operator_usage else None,
         "standin": after["standin_usage"],
+        "control_plane_cpu_s": stats.cpu_spent(before["control_plane_cpu"], after["control_plane_cpu"]),
     }
+
 
 
 def summarize_side(phase: dict[str, Any]) -> dict[str, float | None]:
@@ -391,6 +399,7 @@ def summarize_side(phase: dict[str, Any]) -> dict[str, float | None]:
         "requests_per_job": total, "requests_per_job_without_reports": total - reports,
         "controller_cpu_s": controller["cpu_s"],
         "stack_cpu_s": controller["cpu_s"] + (kuberay["cpu_s"] if operator else 0),
+        "control_plane_cpu_s": (phase.get("control_plane_cpu_s") or {}).get("total"),
         "controller_peak_rss_mib": controller["peak_rss_mib"],
         "stack_peak_rss_mib": controller["peak_rss_mib"] + (kuberay["peak_rss_mib"] if operator else 0),
     }
@@ -432,8 +441,11 @@ async def run_size(jobs: int, args: argparse.Namespace, say) -> dict[str, Any]:
         prepare_cluster(cluster, jobs, say)
         try:
             async with Api(cluster.server, cluster.state_dir / "pki") as api:
-                with procs.cluster_kuberay_paused(cluster):
-                    return {kind.name: await run_phase(cluster, api, kind, jobs, args, say)
+                with procs.cluster_kuberay_paused(cluster), \
+                        procs.control_plane_priority(cluster, args.control_plane_nice) as nice:
+                    if nice != args.control_plane_nice:
+                        say(f"control plane left at its nice: setting {args.control_plane_nice} was not permitted")
+                    return {kind.name: {**await run_phase(cluster, api, kind, jobs, args, say), "control_plane_nice": nice}
                             for kind in (PPOJOB, RAYJOB) if kind.name in args.kinds}
         finally:
             cluster.kubectl("delete", "node", "-l", f"{manifests.POOL_LABEL}={manifests.POOL}", "--wait=true",
@@ -456,6 +468,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--idle", type=float, default=10.0,
                    help="seconds of the cluster's own traffic measured before each phase and taken off its counts")
     p.add_argument("--phase-timeout", type=float, default=1200.0, help="seconds a phase may take to finish, and to clean up")
+    p.add_argument("--control-plane-nice", type=int, default=CONTROL_PLANE_NICE,
+                   help="the API server's and etcd's nice during the phases (their own machines, in a real cluster; 0: as started)")
     p.add_argument("--kinds", default="ppojob,rayjob", help="the sides to run (a profiling run may want ppojob alone)")
     p.add_argument("--operator-args", default="", help="more ppo-operator flags, e.g. '--api-workers 64' (A/B runs)")
     p.add_argument("--profile", action="store_true",

@@ -115,6 +115,15 @@ def fmt(value: float | None, unit: str = "") -> str:
     return f"{value:.2f}{unit}"
 
 
+def cpu_spent(before: Mapping[str, float | None], after: Mapping[str, float | None]) -> dict[str, float | None]:
+    """Per process, the CPU seconds between two readings, and their total; None where a reading is
+    missing or went down (the process was restarted in between), and then no total."""
+    spent = {name: None if before.get(name) is None or after.get(name) is None or after[name] < before[name]
+             else round(after[name] - before[name], 2) for name in before}
+    parts = list(spent.values())
+    return {**spent, "total": None if None in parts else round(sum(parts), 2)}
+
+
 def fmt_ratio(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}x"
 
@@ -131,6 +140,7 @@ ROWS = (
     ("  without the trainer's own reports", "requests_per_job_without_reports", ""),
     ("job controller CPU s (ppo-operator | KubeRay)", "controller_cpu_s", " s"),
     ("  with KubeRay's RayCluster work", "stack_cpu_s", " s"),
+    ("API server + etcd CPU s (all clients)", "control_plane_cpu_s", " s"),
     ("job controller peak RSS MiB", "controller_peak_rss_mib", ""),
     ("  with KubeRay's", "stack_peak_rss_mib", ""),
 )

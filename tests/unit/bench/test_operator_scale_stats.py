@@ -53,6 +53,13 @@ def test_diff_keeps_what_grew_and_idle_rate_is_taken_off():
     assert stats.by_verb({"POST pods": 2, "POST events": 3, "PATCH events": 1}) == {"PATCH": 1, "POST": 5}
 
 
+def test_cpu_spent_per_process_and_in_all_unless_one_was_restarted():
+    assert stats.cpu_spent({"kube-apiserver": 10.0, "etcd": 2.5}, {"kube-apiserver": 70.25, "etcd": 9.0}) == {
+        "kube-apiserver": 60.25, "etcd": 6.5, "total": 66.75}
+    restarted = stats.cpu_spent({"kube-apiserver": 10.0, "etcd": 2.5}, {"kube-apiserver": 3.0, "etcd": None})
+    assert restarted == {"kube-apiserver": None, "etcd": None, "total": None}
+
+
 def test_table_has_ratios_and_targets_judge_the_largest_size():
     ours = {"created_p99": 0.3, "requests_per_job": 50, "status_lag_p99": 1.0}
     theirs = {"created_p99": 0.3, "requests_per_job": 100, "status_lag_p99": None}
