@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -422,6 +423,17 @@ def prepare_cluster(cluster, max_jobs: int, say) -> None:
     """The PPOJob CRD and a pool of fake GPU nodes for every job of both kinds."""
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
     cluster.kubectl("wait", "--for=condition=Established", "crd/ppojobs.ppojob.io", "--timeout=60s")
+    # The garbage collector finds a new resource up to 30 s after its CRD; until then it cannot
+    # follow the PPOJobs' owner references and deletes their children late: a phase started on a
+    # fresh cluster would see less load than on one that has run a while.
+    started = time.monotonic()
+    cluster.apply(json.dumps(manifests.gc_probe(str(uuid.uuid4()))))
+    cluster.kubectl("wait", "--for=delete", "configmap/ppojob-gc-probe", "-n", "default", "--timeout=120s",
+                    check=False, timeout=150)
+    if cluster.kubectl("get", "configmap/ppojob-gc-probe", "-n", "default", "--ignore-not-found", "-o", "name").stdout.strip():
+        raise RuntimeError("the garbage collector did not delete configmap default/ppojob-gc-probe in 120 s: "
+                           "it cannot look PPOJobs up (see the kube-controller-manager log)")
+    say(f"the garbage collector follows PPOJob owners ({time.monotonic() - started:.0f} s)")
     count, gpus = manifests.pool_shape(max_jobs)
     nodes = [f"scale-pool-{i}" for i in range(count)]
     cluster.apply("\n---\n".join(cluster_manifests.fake_node(n, gpus, "1000", "4000Gi", {manifests.POOL_LABEL: manifests.POOL})

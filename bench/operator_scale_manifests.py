@@ -104,6 +104,14 @@ def rayjob_pod_group(name: str, owner: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def gc_probe(uid: str) -> dict[str, Any]:
+    """A ConfigMap owned by a PPOJob that does not exist: the garbage collector deletes it as soon
+    as it can look PPOJobs up, which it cannot for up to 30 s after their CRD is created."""
+    owner = {"apiVersion": "ppojob.io/v1alpha1", "kind": "PPOJob", "name": "gc-probe", "uid": uid}
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "ppojob-gc-probe", "namespace": "default", "ownerReferences": [owner]}}
+
+
 def pool_shape(max_jobs: int) -> tuple[int, int]:
     """(nodes, GPUs per node) holding every job of both kinds at once: 3 pods and 1 GPU per job, 110 pods a node."""
     nodes = max(2, math.ceil(3 * max_jobs / (PODS_PER_NODE - 10)))
