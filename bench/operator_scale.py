@@ -423,9 +423,9 @@ def prepare_cluster(cluster, max_jobs: int, say) -> None:
     """The PPOJob CRD and a pool of fake GPU nodes for every job of both kinds."""
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
     cluster.kubectl("wait", "--for=condition=Established", "crd/ppojobs.ppojob.io", "--timeout=60s")
-    # The garbage collector finds a new resource up to 30 s after its CRD; until then it cannot
-    # follow the PPOJobs' owner references and deletes their children late: a phase started on a
-    # fresh cluster would see less load than on one that has run a while.
+    # The garbage collector finds a new resource up to 30 s after its CRD; until then its lookups of
+    # the PPOJobs' owner references fail and are retried with backoff, unlike on a cluster that
+    # has run a while.
     started = time.monotonic()
     cluster.apply(json.dumps(manifests.gc_probe(str(uuid.uuid4()))))
     cluster.kubectl("wait", "--for=delete", "configmap/ppojob-gc-probe", "-n", "default", "--timeout=120s",
