@@ -384,7 +384,6 @@ def measure(kind: Kind, jobs: int, applied: dict[str, float], sightings: Sightin
     }
 
 
-
 def summarize_side(phase: dict[str, Any]) -> dict[str, float | None]:
     """The table's figures of one phase (see stats.ROWS)."""
     lag = phase["status_lag_s"] or {}

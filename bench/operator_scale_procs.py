@@ -150,10 +150,6 @@ def cluster_pid(cluster, name: str) -> int | None:
     return record["pid"] if fields is not None and fields[19] == record["start_time"] else None
 
 
-def cluster_kuberay_pid(cluster) -> int | None:
-    return cluster_pid(cluster, "kuberay-operator")
-
-
 CONTROL_PLANE = ("kube-apiserver", "etcd")
 
 
@@ -172,12 +168,10 @@ def control_plane_priority(cluster, nice: int) -> Iterator[int]:
 
     applied = 0
     if nice and pids:
-        try:
+        with contextlib.suppress(PermissionError):  # then they stay as they are, and `applied` says so
             for pid in pids:
                 renice(pid, nice)
             applied = nice
-        except PermissionError:
-            pass
     try:
         yield applied
     finally:
@@ -195,7 +189,7 @@ def control_plane_cpu(cluster) -> dict[str, float | None]:
 @contextlib.contextmanager
 def cluster_kuberay_paused(cluster) -> Iterator[None]:
     """SIGSTOP the cluster's KubeRay for the block, SIGCONT it after, whatever happens."""
-    pid = cluster_kuberay_pid(cluster)
+    pid = cluster_pid(cluster, "kuberay-operator")
     if pid is not None:
         os.kill(pid, signal.SIGSTOP)
     try:
@@ -207,7 +201,7 @@ def cluster_kuberay_paused(cluster) -> Iterator[None]:
 
 def resume_cluster_kuberay(cluster) -> None:
     """Repair a run that died while the cluster's KubeRay was paused."""
-    pid = cluster_kuberay_pid(cluster)
+    pid = cluster_pid(cluster, "kuberay-operator")
     if pid is not None:
         os.kill(pid, signal.SIGCONT)
 
