@@ -142,11 +142,11 @@ def _resume(draft: _Draft) -> None:
 
 def _children(job: Job, spec: PPOJobSpec, observed: Observed, policy: Policy) -> dict[str, str]:
     attempt = job.attempt
-    children = {"rayCluster": names.raycluster_name(job.name, attempt)}
+    # Named before they exist (the plan that follows creates them), so that one write says it all.
+    children = {"rayCluster": names.raycluster_name(job.name, attempt),
+                "serviceAccount": names.service_account_name(job.name)}
     if policy.backend(spec).pod_group_resource is not None:
         children["podGroup"] = names.pod_group_name(job.name, attempt)
-    if observed.identity_ready:
-        children["serviceAccount"] = names.service_account_name(job.name)
     if observed.trainer.handle:
         children["submission"] = observed.trainer.handle
     return children
@@ -236,6 +236,18 @@ def _training_phase(draft: _Draft, spec: PPOJobSpec, job: Job) -> dict[str, Any]
 
 def status_changed(job: Job, new: Mapping[str, Any]) -> bool:
     return operator_status(job.status) != dict(new)
+
+
+def only_messages_changed(job: Job, new: Mapping[str, Any]) -> bool:
+    """The new status says what the stored one says, in other words: the same phase, reasons and
+    condition states, only messages differ (a pending gang's reasons as its pods come, say)."""
+    return _without_messages(operator_status(job.status)) == _without_messages(new)
+
+
+def _without_messages(status: Mapping[str, Any]) -> dict[str, Any]:
+    rest = {k: v for k, v in status.items() if k != "message"}
+    rest["conditions"] = [{k: v for k, v in c.items() if k != "message"} for c in status.get("conditions") or []]
+    return rest
 
 
 def status_patch(job: Job, new: Mapping[str, Any]) -> dict[str, Any]:

@@ -34,7 +34,8 @@ def test_a_new_job_is_pending_with_its_gang_clock_started():
     status = run(make_ppojob(), Observed())
     assert status["phase"] == "Pending" and status["attempt"] == 0 and status["restarts"] == 0
     assert status["startTime"] == format_time(NOW) and status["observedGeneration"] == 1
-    assert status["children"] == {"rayCluster": "tiny-a0", "podGroup": "tiny-a0"}
+    # Every child it is about to create, the trainer's ServiceAccount too: one status write, not two.
+    assert status["children"] == {"rayCluster": "tiny-a0", "podGroup": "tiny-a0", "serviceAccount": "tiny-trainer"}
     assert cond(status, "Valid")["status"] == "True"
     gang = cond(status, "GangScheduled")
     assert (gang["status"], gang["reason"], gang["lastTransitionTime"]) == ("False", "GangPending", format_time(NOW))
