@@ -30,7 +30,7 @@ from ppo_operator.kube import PLURALS, Kube, KubeError, resource_of
 from ppo_operator.launchers import Launcher
 from ppo_operator.observed import ClusterRecord, Observed, PodGroupRecord, PodRecord, TrainerRecord
 from ppo_operator.plan import RAYCLUSTERS, Plan, next_wakeup, plan_actions, pod_group_resource_of
-from ppo_operator.status import compute_status, only_messages_changed, operator_status, status_changed, status_patch
+from ppo_operator.status import compute_status, operator_status, status_changed, status_patch
 from ppojob_api.spec import PPOJobSpec
 from ppojob_api.vocabulary import GROUP, KIND, LABEL_JOB_NAME, PLURAL, VERSION, Reason
 
@@ -57,8 +57,6 @@ class JobMemory:
 
     last_written: Mapping[str, Any] | None = None
     """The object as our last status patch returned it (newer than the watch until it catches up)."""
-    written_at: datetime | None = None
-    """When this daemon last wrote the status."""
     identity_ready: bool = False
     """The trainer's ServiceAccount, Role and RoleBinding were ensured by this daemon (after a restart
     they are ensured once more: three creates answered 409)."""
@@ -81,10 +79,6 @@ UNSEEN_S = 30.0
 """How long a create or delete waits for the watches before it may be sent again."""
 AUDIT_AFTER_S = 10.0
 """How long children of an earlier attempt may linger before the API server is asked whether they exist."""
-MESSAGES_HOLD_S = 5.0
-"""A status that differs from the stored one in its messages alone waits until this long after our
-last write: a gang being placed changes its words two or three times in a second, and each write is
-the whole object for the API server to decode, check and send to every watcher (docs/scale.md)."""
 
 
 def without_phantoms(children: Children, phantoms: set[str]) -> Children:
@@ -126,20 +120,6 @@ def freshest(body: Mapping[str, Any], written: Mapping[str, Any] | None) -> Mapp
     return written if newer else body
 
 
-def messages_held(job: Job, status: Mapping[str, Any], written_at: datetime | None, now: datetime) -> float | None:
-    """Seconds the new status waits before it is written (`MESSAGES_HOLD_S`), or None: write it now
-    (or there is nothing to write). Only a change of messages alone is held."""
-    if written_at is None or not status_changed(job, status) or not only_messages_changed(job, status):
-        return None
-    left = MESSAGES_HOLD_S - (now - written_at).total_seconds()
-    return left if left > 0 else None
-
-
-def sooner(wakeup: float | None, other: float | None) -> float | None:
-    """The nearer of two wake-ups (None: none)."""
-    return other if wakeup is None else wakeup if other is None else min(wakeup, other)
-
-
 def utcnow() -> datetime:
     return datetime.now(UTC)
 
@@ -166,11 +146,9 @@ class Reconciler:
             return 0.0  # phantoms dropped: again, on what really exists
         settle(memory, children, now)
         status = compute_status(job, observed, now, policy=self.policy)
-        held = messages_held(job, status, memory.written_at, now)
-        if held is None and status_changed(job, status):
+        if status_changed(job, status):
             try:
                 memory.last_written = await self.kube.patch_status(PPOJOBS, job.namespace, job.name, status_patch(job, status))
-                memory.written_at = now
             except KubeError as exc:
                 if exc.status != 422:
                     raise
@@ -183,10 +161,10 @@ class Reconciler:
             return 0.0
         wakeup = next_wakeup(spec, status, job.progress, now, policy=self.policy)
         if observed.trainer.handle and status.get("phase") not in ("Succeeded", "Failed", "Suspended"):
-            wakeup = sooner(wakeup, self.launcher.poll_seconds)
+            wakeup = min(wakeup if wakeup is not None else self.launcher.poll_seconds, self.launcher.poll_seconds)
         if memory.lingering_since is not None:  # the audit is due even if no event comes
-            wakeup = sooner(wakeup, AUDIT_AFTER_S)
-        return sooner(wakeup, held)  # a held status is written when its hold ends, if no event comes first
+            wakeup = min(wakeup if wakeup is not None else AUDIT_AFTER_S, AUDIT_AFTER_S)
+        return wakeup
 
     async def audit(self, job: Job, observed: Observed, memory: JobMemory, now: datetime) -> bool:
         """Children of earlier attempts that linger AUDIT_AFTER_S (and every AUDIT_AFTER_S after)

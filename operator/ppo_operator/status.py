@@ -238,18 +238,6 @@ def status_changed(job: Job, new: Mapping[str, Any]) -> bool:
     return operator_status(job.status) != dict(new)
 
 
-def only_messages_changed(job: Job, new: Mapping[str, Any]) -> bool:
-    """The new status says what the stored one says, in other words: the same phase, reasons and
-    condition states, only messages differ (a pending gang's reasons as its pods come, say)."""
-    return _without_messages(operator_status(job.status)) == _without_messages(new)
-
-
-def _without_messages(status: Mapping[str, Any]) -> dict[str, Any]:
-    rest = {k: v for k, v in status.items() if k != "message"}
-    rest["conditions"] = [{k: v for k, v in c.items() if k != "message"} for c in status.get("conditions") or []]
-    return rest
-
-
 def status_patch(job: Job, new: Mapping[str, Any]) -> dict[str, Any]:
     """A JSON merge patch of the status subresource: changed keys, removed keys as null."""
     return {"status": merge_patch(operator_status(job.status), new)}

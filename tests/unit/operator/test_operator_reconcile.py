@@ -131,33 +131,6 @@ def test_a_restarted_operator_ensures_the_identity_once_more_without_a_status_wr
                           ("create", "RoleBinding", "tiny-trainer")]
 
 
-def test_a_change_of_messages_alone_is_held_until_five_seconds_after_the_last_write():
-    reconciler, kube, _, _ = make(make_ppojob())
-    clock = [NOW]
-    reconciler.clock = lambda: clock[0]
-    memory = JobMemory(progress_seen={})
-
-    def scheduling(words):
-        return Children(pods=pods(0, 3, placed=False, unschedulable=words), clusters=(cluster(0, ready=False),),
-                        pod_groups=(pod_group(0),))
-
-    asyncio.run(reconciler.reconcile(kube.body, scheduling("Unschedulable: waiting"), memory))
-    written = kube.body["status"]["message"]
-    kube.calls.clear()
-    clock[0] = NOW + timedelta(seconds=1)
-    delay = asyncio.run(reconciler.reconcile(kube.body, scheduling("Unschedulable: 0/4 nodes"), memory))
-    assert kube.calls == [] and kube.body["status"]["message"] == written  # held ...
-    assert delay == 4.0  # ... and the daemon comes back when the hold ends
-    clock[0] = NOW + timedelta(seconds=5)
-    asyncio.run(reconciler.reconcile(kube.body, scheduling("Unschedulable: 0/4 nodes"), memory))
-    assert kube.calls == [("patch", "status", "tiny")] and "0/4 nodes" in kube.body["status"]["message"]
-    # A change of phase is never held.
-    clock[0] = NOW + timedelta(seconds=6)
-    placed = Children(pods=pods(0, 3), clusters=(cluster(0, ready=False),), pod_groups=(pod_group(0),))
-    asyncio.run(reconciler.reconcile(kube.body, placed, memory))
-    assert kube.body["status"]["phase"] == "Initializing"
-
-
 def test_the_trainer_is_launched_once_and_the_status_follows():
     body = make_ppojob()
     reconciler, kube, launcher, _ = make(body)
