@@ -86,10 +86,7 @@ def describe_pending_gang(
     backend_words = backend.describe_pending(group.summary if group else None)
     if backend_words:
         words.append(backend_words)
-    pods = [p for p in observed.pods_of(attempt) if not p.deleting]
-    # Until every pod of the gang exists, a gang scheduler holds back those that do, and their reasons
-    # say only that ("cannot find enough sibling pods"); each change of them would be one more write.
-    reasons = sorted({p.unschedulable for p in pods if p.unschedulable}) if len(pods) >= placement.expected else []
+    reasons = sorted({p.unschedulable for p in observed.pods_of(attempt) if p.unschedulable})
     if reasons:
         words.append("scheduler: " + " | ".join(reasons))
     return "; ".join(words)

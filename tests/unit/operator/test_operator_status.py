@@ -54,11 +54,6 @@ def test_a_gang_not_placed_is_scheduling_in_the_schedulers_words():
     assert "coscheduling: pod group Scheduling, 0/3 pods scheduled" in status["message"]
     assert "4 Insufficient nvidia.com/gpu" in status["message"]
     assert cond(status, "GangScheduled")["lastTransitionTime"] == format_time(NOW)
-    # With a pod of the gang not yet created, the others' reasons are the gang scheduler holding them back.
-    incomplete = Observed(clusters=observed.clusters, pod_groups=(pod_group(0, phase="Pending"),),
-                          pods=pods(0, 2, placed=False, unschedulable="cannot find enough sibling pods"))
-    status = run(body, incomplete, NOW + timedelta(seconds=5))
-    assert status["message"] == "0/3 pods placed; coscheduling: pod group Pending, 0/3 pods scheduled"
 
 
 def test_a_gang_not_placed_within_its_timeout_fails_with_the_schedulers_reason():
