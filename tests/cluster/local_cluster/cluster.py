@@ -49,9 +49,9 @@ PORTS: dict[str, int] = {
 GANG_SCHEDULER_NAME = "scheduler-plugins-scheduler"
 SERVICE_CIDR = "127.96.0.0/16"
 POD_CIDR = "10.244.0.1/16"
-"""Pod IPs KWOK hands out: nothing routes them (no pod runs), but they must not be loopback addresses,
+"""Pod IPs KWOK hands out: nothing dials them (no pod runs), but they must not be loopback addresses,
 which Endpoints and EndpointSlices refuse: the endpoint controllers would retry every Service's update
-for its whole life, each failure a Warning Event (about 20 per job, a quarter of all requests at 500 jobs)."""
+for its whole life, each failure a Warning Event (about 20 a job: a third of all API requests at 10 jobs)."""
 
 
 class ClusterError(RuntimeError):
