@@ -82,6 +82,11 @@ class FakeLauncher:
         return []
 
 
+SCHEDULING = Children(pods=pods(0, 3, placed=False, unschedulable="Unschedulable: waiting"),
+                      clusters=(cluster(0, ready=False),), pod_groups=(pod_group(0),))
+"""A gang whose pods and cluster exist, not yet placed."""
+
+
 def make(body, launcher=None):
     kube, launcher = FakeKube(), launcher or FakeLauncher()
     kube.body = body
@@ -109,8 +114,7 @@ def test_first_reconcile_writes_status_then_creates_identity_pod_group_and_clust
 def test_nothing_is_patched_or_created_when_nothing_changed():
     reconciler, kube, _, _ = make(make_ppojob())
     memory = JobMemory(progress_seen={})
-    children = Children(pods=pods(0, 3, placed=False, unschedulable="Unschedulable: waiting"),
-                        clusters=(cluster(0, ready=False),), pod_groups=(pod_group(0),))
+    children = SCHEDULING
     asyncio.run(reconciler.reconcile(kube.body, children, memory))  # writes Scheduling, ensures the identity
     kube.calls.clear()
     asyncio.run(reconciler.reconcile(kube.body, children, memory))
@@ -119,8 +123,7 @@ def test_nothing_is_patched_or_created_when_nothing_changed():
 
 def test_a_restarted_operator_ensures_the_identity_once_more_without_a_status_write():
     reconciler, kube, _, _ = make(make_ppojob())
-    children = Children(pods=pods(0, 3, placed=False, unschedulable="Unschedulable: waiting"),
-                        clusters=(cluster(0, ready=False),), pod_groups=(pod_group(0),))
+    children = SCHEDULING
     asyncio.run(reconciler.reconcile(kube.body, children, JobMemory(progress_seen={})))
     assert kube.body["status"]["children"]["serviceAccount"] == "tiny-trainer"
     kube.calls.clear()
