@@ -1,19 +1,26 @@
-"""kopf handlers: they decide nothing themselves, they feed the indices and wake the job's daemon.
+"""kopf handlers: they decide nothing themselves, they feed the indices and wake the job's loop.
 
 Watches (server-side filtered by the label ppojob.io/job-name): pods, RayClusters and each enabled
 scheduler's pod groups go into in-memory indices keyed by (namespace, job); any event on them, or
-on the PPOJob itself (the trainer's progress reports included), wakes that job's daemon, which
-runs `Reconciler.reconcile`. A daemon sleeps until woken or until its next deadline: no polling of
-the API server. Depends on kopf, `reconcile`, `observed`.
+on the PPOJob itself (the trainer's progress reports included), wakes that job's loop, which runs
+`Reconciler.reconcile`. A loop sleeps until woken or until its next deadline: no polling of the
+API server.
+
+Each job's loop is an asyncio task of ours (`Jobs`), started by the job's first watch event and
+stopped by its deletion, not a kopf daemon: kopf puts a finalizer on every object that has a
+daemon, and that finalizer cost three PPOJob writes a job (on; the deletion's timestamp; off) and
+left PPOJobs stuck whenever the operator was gone before them. Nothing needs to block a deletion:
+every child carries the job's owner reference, and the development launcher's leftovers of a
+job deleted while no operator ran are swept when the next one starts (`Launcher.sweep`).
+Depends on kopf, `reconcile`, `observed`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import kopf
@@ -23,7 +30,7 @@ from ppo_operator.gang import GroupResource
 from ppo_operator.job import Job
 from ppo_operator.launchers import Launcher
 from ppo_operator.observed import summarize_pod, summarize_pod_group, summarize_raycluster
-from ppo_operator.reconcile import Children, JobMemory, Reconciler, job_key
+from ppo_operator.reconcile import Children, JobGone, JobMemory, Reconciler, job_key
 from ppojob_api.vocabulary import GROUP, LABEL_JOB_NAME, PLURAL, VERSION, Reason
 
 log = logging.getLogger(__name__)
@@ -32,47 +39,89 @@ FINALIZER = "ppojob.io/operator"
 CHILD = {LABEL_JOB_NAME: kopf.PRESENT}
 
 
-class Wakers:
-    """One asyncio.Event per running daemon, found by (namespace, job label).
+@dataclasses.dataclass
+class JobLoop:
+    """One job's reconcile loop: the object as the watch last gave it, its wake-up call, its stop."""
 
-    A wake by a child (pods, RayCluster, pod group) comes in bursts, so the daemon lets the burst
-    settle (`Runtime.debounce_s`) before it reconciles; a wake by the job itself (a trainer's
-    report, a spec change) is `prompt`: the daemon reconciles at once, as its status shows it.
-    """
+    body: kopf.Body
+    wake: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    stop: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    prompt: bool = False
+    """The last wake was by the job itself (a trainer's report, a spec change): reconcile at once."""
+    deleted: bool = False
+    """Stopped because the job is gone (not because the operator exits): drop the launcher's state."""
+    task: asyncio.Task | None = None
 
-    def __init__(self) -> None:
-        self._events: dict[tuple[str, str], set[asyncio.Event]] = collections.defaultdict(set)
-        self._prompt: set[asyncio.Event] = set()
+    def woken(self, *, prompt: bool) -> None:
+        self.prompt |= prompt
+        self.wake.set()
 
-    def register(self, key: tuple[str, str]) -> asyncio.Event:
-        event = asyncio.Event()
-        self._events[key].add(event)
-        return event
-
-    def unregister(self, key: tuple[str, str], event: asyncio.Event) -> None:
-        self._events[key].discard(event)
-        self._prompt.discard(event)
-        if not self._events[key]:
-            del self._events[key]
-
-    def wake(self, key: tuple[str, str], *, prompt: bool = False) -> None:
-        for event in self._events.get(key, ()):
-            event.set()
-            if prompt:
-                self._prompt.add(event)
-
-    async def sleep(self, event: asyncio.Event, stopped: kopf.DaemonStopped, timeout: float | None) -> bool:
+    async def sleep(self, timeout: float | None) -> bool:
         """Until woken, stopped, or timeout seconds (None: no timeout); True if a wake was prompt."""
-        waiters = {asyncio.ensure_future(event.wait()), asyncio.ensure_future(stopped.wait())}
+        waiters = {asyncio.ensure_future(self.wake.wait()), asyncio.ensure_future(self.stop.wait())}
         try:
             await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for waiter in waiters:
                 waiter.cancel()
-        event.clear()
-        prompt = event in self._prompt
-        self._prompt.discard(event)
+        self.wake.clear()
+        prompt, self.prompt = self.prompt, False
         return prompt
+
+
+class Jobs:
+    """The loop of every job this operator serves, by (namespace, name).
+
+    A wake by a child (pods, RayCluster, pod group) comes in bursts, so the loop lets the burst
+    settle (`Runtime.debounce_s`) before it reconciles; a wake by the job itself is prompt.
+    """
+
+    def __init__(self) -> None:
+        self._loops: dict[tuple[str, str], JobLoop] = {}
+
+    def seen(self, key: tuple[str, str], body: kopf.Body, start: Callable[[JobLoop], Awaitable[None]]) -> JobLoop:
+        """The job's watch event: keep its body, start its loop if it has none, wake it promptly."""
+        loop = self._loops.get(key)
+        if loop is not None and loop.body.get("metadata", {}).get("uid") != body.get("metadata", {}).get("uid"):
+            self.gone(key)  # deleted and created again under the same name while the deletion went unseen
+            loop = None
+        if loop is None:
+            loop = self._loops[key] = JobLoop(body)
+            loop.task = asyncio.create_task(start(loop), name=f"ppojob {key[0]}/{key[1]}")
+            return loop
+        loop.body = body
+        loop.woken(prompt=True)
+        return loop
+
+    def gone(self, key: tuple[str, str]) -> None:
+        """The job was deleted: its loop stops and drops what the launcher keeps of it."""
+        loop = self._loops.pop(key, None)
+        if loop is not None:
+            loop.deleted = True
+            loop.stop.set()
+
+    def ended(self, key: tuple[str, str], loop: JobLoop) -> None:
+        if self._loops.get(key) is loop:
+            del self._loops[key]
+
+    def wake(self, key: tuple[str, str]) -> None:
+        """A child of the job changed (nothing to do if the job has no loop)."""
+        loop = self._loops.get(key)
+        if loop is not None:
+            loop.woken(prompt=False)
+
+    async def stop_all(self, timeout: float) -> None:
+        """The operator exits: every loop stops (keeping its trainer, which the next operator adopts);
+        those still busy after `timeout` seconds are cancelled."""
+        loops, self._loops = list(self._loops.values()), {}
+        for loop in loops:
+            loop.stop.set()
+        tasks = [loop.task for loop in loops if loop.task is not None]
+        if tasks:
+            _, busy = await asyncio.wait(tasks, timeout=timeout)
+            for task in busy:
+                task.cancel()
+            await asyncio.gather(*busy, return_exceptions=True)
 
 
 class LeanDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
@@ -103,9 +152,11 @@ class Runtime:
     reconciler: Reconciler
     launcher: Launcher
     pod_group_resources: tuple[GroupResource, ...]
-    wakers: Wakers = dataclasses.field(default_factory=Wakers)
+    jobs: Jobs = dataclasses.field(default_factory=Jobs)
     debounce_s: float = 0.05
-    """How long a daemon woken by its children waits for the rest of their burst (not for the job's own events)."""
+    """How long a loop woken by its children waits for the rest of their burst (not for the job's own events)."""
+    stop_timeout_s: float = 10.0
+    """How long the loops get to finish a reconcile when the operator exits."""
 
     def children(self, key: tuple[str, str], indices: Mapping[str, Any]) -> Children:
         def records(index_name: str) -> tuple:
@@ -137,6 +188,8 @@ def register(registry: kopf.OperatorRegistry, *, pod_group_resources: Iterable[G
 
     @kopf.on.startup(registry=registry, id="configure")
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        # No handler needs a finalizer any more; naming the one earlier versions put on makes kopf
+        # take it off the PPOJobs that still carry it.
         settings.persistence.finalizer = FINALIZER
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
         settings.persistence.diffbase_storage = LeanDiffBaseStorage(prefix=GROUP)
@@ -151,8 +204,15 @@ def register(registry: kopf.OperatorRegistry, *, pod_group_resources: Iterable[G
         for resource in pod_group_resources:
             settings.watching.label_selectors[resource.group, resource.plural] = LABEL_JOB_NAME
 
-    @kopf.on.cleanup(registry=registry, id="close_api")
-    async def close_api(memo: kopf.Memo, **_: Any) -> None:
+    @kopf.on.startup(registry=registry, id="sweep")
+    async def sweep(memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+        """Before any watch: what the launcher keeps of jobs deleted while no operator ran goes."""
+        for folder in await memo.runtime.launcher.sweep():
+            logger.info("dropped the trainer state of a job deleted while no operator ran: %s", folder)
+
+    @kopf.on.cleanup(registry=registry, id="stop")
+    async def stop(memo: kopf.Memo, **_: Any) -> None:
+        await memo.runtime.jobs.stop_all(memo.runtime.stop_timeout_s)
         await memo.runtime.reconciler.kube.close()
 
     @kopf.on.login(registry=registry, id="login")
@@ -179,14 +239,14 @@ def register(registry: kopf.OperatorRegistry, *, pod_group_resources: Iterable[G
             _wake_parent
         )
 
-    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="wake_job")
-    async def wake_job(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
-        memo.runtime.wakers.wake(job_key(namespace, name), prompt=True)
-
-    @kopf.daemon(GROUP, VERSION, PLURAL, registry=registry, cancellation_timeout=10.0, id="ppojob")
-    async def ppojob(body: kopf.Body, namespace: str, name: str, stopped: kopf.DaemonStopped,
-                     memo: kopf.Memo, logger: logging.Logger, **kwargs: Any) -> None:
-        await run_job(memo.runtime, body, job_key(namespace, name), stopped, logger, kwargs)
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="ppojob")
+    async def ppojob(event: kopf.RawEvent, body: kopf.Body, namespace: str, name: str, memo: kopf.Memo,
+                     logger: logging.Logger, **kwargs: Any) -> None:
+        runtime, key = memo.runtime, job_key(namespace, name)
+        if event.get("type") == "DELETED":
+            runtime.jobs.gone(key)
+            return
+        runtime.jobs.seen(key, body, lambda loop: run_job(runtime, loop, key, logger, kwargs))
 
 
 async def _index_pod_group(namespace: str, labels: Mapping[str, str], body: kopf.Body, **_: Any):
@@ -194,33 +254,35 @@ async def _index_pod_group(namespace: str, labels: Mapping[str, str], body: kopf
 
 
 async def _wake_parent(namespace: str, labels: Mapping[str, str], memo: kopf.Memo, **_: Any) -> None:
-    memo.runtime.wakers.wake((namespace, labels[LABEL_JOB_NAME]))
+    memo.runtime.jobs.wake((namespace, labels[LABEL_JOB_NAME]))
 
 
-async def run_job(runtime: Runtime, body: kopf.Body, key: tuple[str, str], stopped: kopf.DaemonStopped,
-                  logger: logging.Logger, indices: Mapping[str, Any]) -> None:
+async def run_job(runtime: Runtime, loop: JobLoop, key: tuple[str, str], logger: logging.Logger,
+                  indices: Mapping[str, Any]) -> None:
     """A job's lifetime in this operator: reconcile, sleep until woken or due, repeat; never crash."""
-    wake = runtime.wakers.register(key)
-    memory = JobMemory(progress_seen=dict((body.get("status") or {}).get("progress") or {}))
+    memory = JobMemory(progress_seen=dict((loop.body.get("status") or {}).get("progress") or {}))
     failures = 0
     try:
-        while not stopped:
+        while not loop.stop.is_set():
             try:
-                delay = await runtime.reconciler.reconcile(body, runtime.children(key, indices), memory)
+                delay = await runtime.reconciler.reconcile(loop.body, runtime.children(key, indices), memory)
                 failures = 0
+            except JobGone:  # deleted while its deletion went unseen (a watch gap)
+                loop.deleted = True
+                break
             except Exception as exc:  # a bad object or a flaky API must never stop the others
                 failures += 1
                 delay = min(60.0, 2.0 ** failures)
                 logger.exception("reconcile failed (retry in %.0fs)", delay)
                 if failures == 1:
-                    post_event(Job.from_body(body), Event("Warning", Reason.RECONCILE_ERROR.value,
-                                                          f"{type(exc).__name__}: {exc}; retrying"))
+                    post_event(Job.from_body(loop.body), Event("Warning", Reason.RECONCILE_ERROR.value,
+                                                               f"{type(exc).__name__}: {exc}; retrying"))
             if delay == 0:
                 continue
-            prompt = await runtime.wakers.sleep(wake, stopped, delay)
-            if runtime.debounce_s and not prompt and not stopped:
+            prompt = await loop.sleep(delay)
+            if runtime.debounce_s and not prompt and not loop.stop.is_set():
                 await asyncio.sleep(runtime.debounce_s)  # let a burst of child events settle
     finally:
-        runtime.wakers.unregister(key, wake)
-        if stopped.reason and stopped.reason & kopf.DaemonStoppingReason.RESOURCE_DELETED:
-            await runtime.launcher.forget(Job.from_body(body))
+        runtime.jobs.ended(key, loop)
+        if loop.deleted:
+            await runtime.launcher.forget(Job.from_body(loop.body))

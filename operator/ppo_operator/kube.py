@@ -24,10 +24,12 @@ import aiohttp
 from kubernetes import client, config
 
 from ppo_operator.gang import GroupResource
+from ppojob_api.vocabulary import GROUP, KIND, PLURAL, VERSION
 
 log = logging.getLogger(__name__)
 
 MERGE_PATCH = "application/merge-patch+json"
+PPOJOBS = GroupResource(GROUP, VERSION, PLURAL, KIND)
 
 
 class KubeError(RuntimeError):

@@ -26,17 +26,16 @@ from ppo_operator.decisions import Policy
 from ppo_operator.events import Event, compute_events, compute_progress_events, compute_refused_status_event
 from ppo_operator.gang import GroupResource
 from ppo_operator.job import Job
-from ppo_operator.kube import PLURALS, Kube, KubeError, resource_of
+from ppo_operator.kube import PLURALS, PPOJOBS, Kube, KubeError, resource_of
 from ppo_operator.launchers import Launcher
 from ppo_operator.observed import ClusterRecord, Observed, PodGroupRecord, PodRecord, TrainerRecord
 from ppo_operator.plan import RAYCLUSTERS, Plan, next_wakeup, plan_actions, pod_group_resource_of
 from ppo_operator.status import compute_status, operator_status, status_changed, status_patch
 from ppojob_api.spec import PPOJobSpec
-from ppojob_api.vocabulary import GROUP, KIND, LABEL_JOB_NAME, PLURAL, VERSION, Reason
+from ppojob_api.vocabulary import LABEL_JOB_NAME, Reason
 
 log = logging.getLogger(__name__)
 
-PPOJOBS = GroupResource(GROUP, VERSION, PLURAL, KIND)
 PVCS = GroupResource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim")
 SECRETS = GroupResource("", "v1", "secrets", "Secret")
 PODS = GroupResource("", "v1", "pods", "Pod")
@@ -79,6 +78,10 @@ UNSEEN_S = 30.0
 """How long a create or delete waits for the watches before it may be sent again."""
 AUDIT_AFTER_S = 10.0
 """How long children of an earlier attempt may linger before the API server is asked whether they exist."""
+
+
+class JobGone(Exception):
+    """The job's status cannot be written: the job no longer exists."""
 
 
 def without_phantoms(children: Children, phantoms: set[str]) -> Children:
@@ -150,6 +153,8 @@ class Reconciler:
             try:
                 memory.last_written = await self.kube.patch_status(PPOJOBS, job.namespace, job.name, status_patch(job, status))
             except KubeError as exc:
+                if exc.status == 404:
+                    raise JobGone(f"{job.namespace}/{job.name}") from exc
                 if exc.status != 422:
                     raise
                 self.tell_refused(job, status, exc.body, memory)

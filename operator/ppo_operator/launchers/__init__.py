@@ -28,3 +28,7 @@ class Launcher(Protocol):
     async def forget(self, job: Job) -> None:
         """The job is deleted: stop everything and drop local state."""
         ...
+
+    async def sweep(self) -> list[str]:
+        """At the operator's start: `forget` the jobs deleted while no operator ran; what was dropped."""
+        ...

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import logging
 import os
 import shlex
 import shutil
@@ -35,7 +36,7 @@ from ppo_operator.builders.common import BuildOptions
 from ppo_operator.builders.rbac import build_kubeconfig, build_token_request
 from ppo_operator.builders.submission import trainer_args, trainer_manifest
 from ppo_operator.job import Job
-from ppo_operator.kube import Kube
+from ppo_operator.kube import PPOJOBS, Kube, KubeError
 from ppo_operator.observed import TrainerRecord, TrainerState
 
 # $$ is the wrapper (the session leader); field 22 of its stat is its start time (comm "sh" has no spaces).
@@ -43,6 +44,10 @@ WRAPPER = (
     'echo "$$ $(cut -d" " -f22 /proc/$$/stat)" > pid.tmp && mv pid.tmp pid || exit 1; '
     '"$@"; code=$?; echo $code > exit.tmp && mv exit.tmp exit; exit $code'
 )
+log = logging.getLogger(__name__)
+
+UID_LENGTH = 36
+"""A Kubernetes uid is a UUID in its 36-character form: the tail of a job's folder name."""
 PID_WAIT_S = 10.0
 REAP_EVERY_S = 1.0
 """How often exited trainers are reaped (a zombie already reads as exited): polling every child on
@@ -189,8 +194,10 @@ class LocalLauncher:
         return args, env
 
     async def stop_others(self, job: Job, keep_attempt: int | None) -> list[int]:
-        stopped = []
-        folder = self.job_dir(job)
+        return self._stop_attempts(self.job_dir(job), keep_attempt)
+
+    def _stop_attempts(self, folder: Path, keep_attempt: int | None) -> list[int]:
+        stopped: list[int] = []
         if not folder.exists():
             return stopped
         for attempt_dir in sorted(folder.glob("a*")):
@@ -216,3 +223,20 @@ class LocalLauncher:
     async def forget(self, job: Job) -> None:
         await self.stop_others(job, None)
         shutil.rmtree(self.job_dir(job), ignore_errors=True)
+
+    async def sweep(self) -> list[str]:
+        """The folders (<namespace>/<name>-<uid>) of jobs that no longer exist: their trainers
+        killed, the folders dropped. A namespace this operator may not list is left alone."""
+        dropped = []
+        for namespace_dir in sorted(p for p in self.state_dir.glob("*") if p.is_dir()):
+            try:
+                live = await self.kube.list_uids(PPOJOBS, namespace_dir.name, "")
+            except KubeError as exc:
+                log.warning("cannot list the PPOJobs of %s to sweep its trainers: %s", namespace_dir.name, exc)
+                continue
+            for job_dir in sorted(p for p in namespace_dir.iterdir() if p.is_dir()):
+                if job_dir.name[-UID_LENGTH:] not in live:
+                    self._stop_attempts(job_dir, None)
+                    shutil.rmtree(job_dir, ignore_errors=True)
+                    dropped.append(f"{namespace_dir.name}/{job_dir.name}")
+        return dropped

@@ -66,3 +66,6 @@ class RayJobsLauncher:
 
     async def forget(self, job: Job) -> None:
         return None
+
+    async def sweep(self) -> list[str]:
+        return []  # a trainer lives on its job's RayCluster, which the garbage collector deletes with the job

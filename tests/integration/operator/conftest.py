@@ -15,7 +15,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from kubernetes import client, config
 
 from local_cluster import GANG_SCHEDULER_NAME
 
@@ -145,14 +144,4 @@ def start_operator(local_cluster, ppojob_crd, k8s_namespace, tmp_path):
     for process in started:
         process.stop()
         process.stop_trainers()
-    release_ppojobs(local_cluster, k8s_namespace)
 
-
-def release_ppojobs(cluster, namespace: str) -> None:
-    """Drop the operator's finalizer from the PPOJobs left behind, so that the namespace's deletion is
-    not stuck on them now that no operator runs for it."""
-    api = client.CustomObjectsApi(config.new_client_from_config(str(cluster.kubeconfig)))
-    for job in api.list_namespaced_custom_object("ppojob.io", "v1alpha1", namespace, "ppojobs")["items"]:
-        if job["metadata"].get("finalizers"):
-            api.patch_namespaced_custom_object("ppojob.io", "v1alpha1", namespace, "ppojobs", job["metadata"]["name"],
-                                               {"metadata": {"finalizers": None}})

@@ -1,10 +1,12 @@
-"""The kopf wiring: the indices the daemon reads are the ones registered, under the same names
-(a kopf handler's default id is its qualified name, which nested functions would not match)."""
+"""The kopf wiring: the indices a job's loop reads are the ones registered, under the same names
+(a kopf handler's default id is its qualified name, which nested functions would not match); each
+job's loop starts with its first event, reconciles the latest body, and stops with the job."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 
 import kopf
 import pytest
@@ -12,14 +14,15 @@ from operator_factory import cluster, pod_group, pods
 
 from ppo_operator import handlers
 from ppo_operator.gang import pod_group_resources
+from ppo_operator.reconcile import JobGone
 
 
-def test_the_daemon_reads_every_registered_index_by_its_id():
+def test_the_job_loop_reads_every_registered_index_by_its_id():
     registry = kopf.OperatorRegistry()
     resources = tuple(pod_group_resources())
     handlers.register(registry, pod_group_resources=resources)
     index_ids = {h.id for h in registry._indexing.get_all_handlers()}  # kopf keeps no public listing
-    assert {h.id for h in registry._spawning.get_all_handlers()} == {"ppojob"}
+    assert "ppojob" in {h.id for h in registry._watching.get_all_handlers()}
     runtime = handlers.Runtime(reconciler=None, launcher=None, pod_group_resources=resources)
     key = ("team-a", "tiny")
     records = {
@@ -32,69 +35,121 @@ def test_the_daemon_reads_every_registered_index_by_its_id():
     assert (len(children.pods), len(children.clusters), len(children.pod_groups)) == (2, 1, 1)
 
 
-def test_wakers_wake_the_daemon_of_that_job_only():
-    async def scenario():
-        wakers = handlers.Wakers()
-        mine, other = wakers.register(("ns", "a")), wakers.register(("ns", "b"))
-        wakers.wake(("ns", "a"))
-        assert mine.is_set() and not other.is_set()
-        wakers.unregister(("ns", "a"), mine)
-        wakers.wake(("ns", "a"))  # no daemon any more: nothing to do, no error
-
-    asyncio.run(scenario())
+def test_no_handler_makes_kopf_put_a_finalizer_on_a_ppojob():
+    """A finalizer costs three PPOJob writes a job and leaves jobs stuck when the operator is gone first."""
+    registry = kopf.OperatorRegistry()
+    handlers.register(registry, pod_group_resources=tuple(pod_group_resources()))
+    assert registry._spawning.get_all_handlers() == [] and registry._changing.get_all_handlers() == []
 
 
-def test_a_wake_by_the_job_itself_is_prompt_and_a_wake_by_a_child_is_not():
-    async def scenario():
-        wakers, stopped = handlers.Wakers(), asyncio.Event()
-        event = wakers.register(("ns", "a"))
-        wakers.wake(("ns", "a"))
-        assert await wakers.sleep(event, stopped, 1) is False
-        wakers.wake(("ns", "a"))
-        wakers.wake(("ns", "a"), prompt=True)
-        assert await wakers.sleep(event, stopped, 1) is True
-        assert await wakers.sleep(event, stopped, 0.01) is False  # timed out: the flag went with the wake
-        assert not event.is_set()
-
-    asyncio.run(scenario())
-
-
-class Stopped(asyncio.Event):
-    """What run_job uses of kopf.DaemonStopped: false until set, wait(), reason."""
-
-    reason = None
-
-    def __bool__(self) -> bool:
-        return self.is_set()
+def body(uid: str = "u1") -> kopf.Body:
+    return kopf.Body({"metadata": {"name": "a", "namespace": "ns", "uid": uid}})
 
 
 class CountingReconciler:
     def __init__(self, delay: float | None = None):
-        self.passes, self.delay = 0, delay  # delay None: sleep until woken
+        self.passes, self.delay, self.bodies = 0, delay, []  # delay None: sleep until woken
 
     async def reconcile(self, body, children, memory) -> float | None:
         self.passes += 1
+        self.bodies.append(body)
         return self.delay
 
 
-def test_the_daemon_reconciles_a_report_at_once_and_lets_child_bursts_settle():
+class ForgettingLauncher:
+    def __init__(self):
+        self.forgotten = []
+
+    async def forget(self, job) -> None:
+        self.forgotten.append(job.uid)
+
+
+def make_runtime(**kwargs) -> tuple[handlers.Runtime, CountingReconciler, ForgettingLauncher]:
+    reconciler, launcher = CountingReconciler(), ForgettingLauncher()
+    return handlers.Runtime(reconciler=reconciler, launcher=launcher, pod_group_resources=(), **kwargs), reconciler, launcher
+
+
+def start(runtime, key=("ns", "a")):
+    return lambda loop: handlers.run_job(runtime, loop, key, logging.getLogger("test"), {})
+
+
+def test_a_jobs_events_start_one_loop_that_reconciles_the_latest_body_and_a_deletion_forgets_it():
     async def scenario():
-        reconciler = CountingReconciler()
-        runtime = handlers.Runtime(reconciler=reconciler, launcher=None, pod_group_resources=(), debounce_s=30)
-        stopped = Stopped()
+        runtime, reconciler, launcher = make_runtime()
         key = ("ns", "a")
-        daemon = asyncio.ensure_future(handlers.run_job(runtime, {"metadata": {}}, key, stopped, None, {}))
+        loop = runtime.jobs.seen(key, body(), start(runtime))
         await asyncio.sleep(0.05)
         assert reconciler.passes == 1
-        runtime.wakers.wake(key, prompt=True)  # the trainer's report
+        newer = kopf.Body({**body(), "status": {"phase": "Training"}})
+        assert runtime.jobs.seen(key, newer, start(runtime)) is loop  # the same loop, woken at once
+        await asyncio.sleep(0.05)
+        assert reconciler.passes == 2 and reconciler.bodies[-1] is newer
+        runtime.jobs.gone(key)
+        await asyncio.wait_for(loop.task, 1)
+        assert launcher.forgotten == ["u1"]
+        runtime.jobs.wake(key)  # a child of a job that has no loop any more: nothing to do, no error
+
+    asyncio.run(scenario())
+
+
+def test_a_job_created_again_under_its_name_while_its_deletion_went_unseen_gets_a_new_loop():
+    async def scenario():
+        runtime, _, launcher = make_runtime()
+        old = runtime.jobs.seen(("ns", "a"), body("u1"), start(runtime))
+        await asyncio.sleep(0.05)
+        new = runtime.jobs.seen(("ns", "a"), body("u2"), start(runtime))
+        await asyncio.wait_for(old.task, 1)
+        assert new is not old and launcher.forgotten == ["u1"] and not new.task.done()
+        await runtime.jobs.stop_all(1)
+
+    asyncio.run(scenario())
+
+
+def test_the_operator_exiting_stops_every_loop_and_keeps_their_trainers():
+    async def scenario():
+        runtime, _, launcher = make_runtime()
+        loops = [runtime.jobs.seen(("ns", name), body(name), start(runtime, ("ns", name))) for name in "ab"]
+        await asyncio.sleep(0.05)
+        await runtime.jobs.stop_all(1)
+        assert all(loop.task.done() for loop in loops) and launcher.forgotten == []
+
+    asyncio.run(scenario())
+
+
+def test_a_loop_that_finds_its_job_gone_forgets_it():
+    async def scenario():
+        runtime, reconciler, launcher = make_runtime()
+
+        async def gone(body, children, memory):
+            raise JobGone("ns/a")
+
+        reconciler.reconcile = gone
+        loop = runtime.jobs.seen(("ns", "a"), body(), start(runtime))
+        await asyncio.wait_for(loop.task, 1)
+        assert launcher.forgotten == ["u1"]
+        new = runtime.jobs.seen(("ns", "a"), body("u2"), start(runtime))  # the name is free for a new loop
+        assert new is not loop
+        await runtime.jobs.stop_all(1)
+
+    asyncio.run(scenario())
+
+
+def test_the_loop_reconciles_a_report_at_once_and_lets_child_bursts_settle():
+    async def scenario():
+        runtime, reconciler, _ = make_runtime(debounce_s=30)
+        key = ("ns", "a")
+        loop = runtime.jobs.seen(key, body(), start(runtime))
+        await asyncio.sleep(0.05)
+        assert reconciler.passes == 1
+        runtime.jobs.seen(key, body(), start(runtime))  # the trainer's report
         await asyncio.sleep(0.05)
         assert reconciler.passes == 2
-        runtime.wakers.wake(key)  # a pod changed: wait out the burst
+        runtime.jobs.wake(key)  # a pod changed: wait out the burst
         await asyncio.sleep(0.05)
         assert reconciler.passes == 2
-        daemon.cancel()  # it is in the debounce's sleep
+        loop.task.cancel()  # it is in the debounce's sleep
         with contextlib.suppress(asyncio.CancelledError):
-            await daemon
+            await loop.task
 
     asyncio.run(scenario())
 

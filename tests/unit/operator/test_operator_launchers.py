@@ -14,6 +14,7 @@ from aiohttp import web
 from operator_factory import make_job
 
 from ppo_operator.builders.common import BuildOptions
+from ppo_operator.kube import KubeError
 from ppo_operator.launchers.local import LocalLauncher
 from ppo_operator.launchers.ray_jobs import RayJobsLauncher
 from ppo_operator.observed import TrainerState
@@ -25,6 +26,13 @@ class TokenKube:
 
     def __init__(self):
         self.token_requests = 0
+        self.live: dict[str, set[str]] = {}  # namespace -> uids of the PPOJobs that exist
+        self.forbidden: set[str] = set()
+
+    async def list_uids(self, resource, namespace, label_selector):
+        if namespace in self.forbidden:
+            raise KubeError(403, "Forbidden", "ppojobs is forbidden")
+        return self.live.get(namespace, set())
 
     async def request_token(self, namespace, service_account, body):
         self.token_requests += 1
@@ -122,6 +130,36 @@ def test_a_clean_exit_is_success_and_forget_drops_everything(tmp_path):
     wait_state(local, job, 0, TrainerState.SUCCEEDED)
     asyncio.run(local.forget(job))
     assert not local.job_dir(job).exists()
+
+
+def test_the_sweep_stops_the_trainers_of_jobs_deleted_while_no_operator_ran_and_keeps_the_rest(tmp_path):
+    local, kube = launcher(tmp_path, "import time; time.sleep(30)")
+    kept = make_job(name="kept", uid="00000000-0000-0000-0000-000000000001")
+    deleted = make_job(name="deleted", uid="00000000-0000-0000-0000-000000000002")
+    unlisted = make_job(name="other", namespace="team-b", uid="00000000-0000-0000-0000-000000000003")
+    for job in (kept, deleted, unlisted):
+        asyncio.run(local.launch(job, 0))
+    kube.live = {"team-a": {kept.uid}}
+    kube.forbidden = {"team-b"}  # a namespace this operator may not list: left alone
+    pid = int((local.attempt_dir(deleted, 0) / "pid").read_text().split()[0])
+    assert asyncio.run(local.sweep()) == [f"team-a/deleted-{deleted.uid}"]
+    assert not local.job_dir(deleted).exists()
+    deadline = time.monotonic() + 5  # SIGKILL is delivered, not waited for
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not alive(pid)
+    assert wait_state(local, kept, 0, TrainerState.RUNNING) and local.job_dir(unlisted).exists()
+    assert asyncio.run(RayJobsLauncher(options=BuildOptions()).sweep()) == []
+    for job in (kept, unlisted):
+        asyncio.run(local.forget(job))
+
+
+def alive(pid: int) -> bool:
+    """Running, not merely a zombie waiting to be reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
 
 
 def test_ray_jobs_launcher_submits_once_and_reads_the_state():

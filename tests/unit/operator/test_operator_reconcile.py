@@ -7,13 +7,14 @@ import contextlib
 import copy
 from datetime import timedelta
 
+import pytest
 from operator_factory import NOW, cluster, make_ppojob, pod_group, pods
 
 from ppo_operator.builders.common import BuildOptions
 from ppo_operator.decisions import Policy
 from ppo_operator.kube import KubeError
 from ppo_operator.observed import TrainerRecord, TrainerState
-from ppo_operator.reconcile import AUDIT_AFTER_S, Children, JobMemory, Reconciler, freshest
+from ppo_operator.reconcile import AUDIT_AFTER_S, Children, JobGone, JobMemory, Reconciler, freshest
 
 
 def apply_merge_patch(target: dict, patch: dict) -> dict:
@@ -177,6 +178,18 @@ def test_a_status_the_api_server_refuses_is_told_once_in_an_event_and_nothing_is
     assert kube.calls == [("patch", "status", "tiny")] * 2
     assert [(e.type, e.reason) for e in events] == [("Warning", "InvalidSpec")]
     assert events[0].message.startswith("spec.ppo.numRollouts: ") and "expected int, got string" in events[0].message
+
+
+def test_a_job_whose_status_cannot_be_written_because_it_is_gone_ends_its_loop():
+    reconciler, kube, _, _ = make(make_ppojob())
+
+    async def gone(resource, namespace, name, patch):
+        raise KubeError(404, "Not Found", '{"message": "ppojobs.ppojob.io \\"tiny\\" not found"}')
+
+    kube.patch_status = gone
+    with pytest.raises(JobGone, match="team-a/tiny"):
+        asyncio.run(reconciler.reconcile(kube.body, Children(), JobMemory(progress_seen={})))
+    assert creates(kube) == []
 
 
 def creates(kube) -> list[tuple]:
