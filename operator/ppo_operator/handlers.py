@@ -194,9 +194,10 @@ def register(registry: kopf.OperatorRegistry, *, pod_group_resources: Iterable[G
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
         settings.persistence.diffbase_storage = LeanDiffBaseStorage(prefix=GROUP)
         # Given namespaces are watched until the operator stops. With scanning on, kopf stops
-        # watching a namespace as soon as it sees it terminating with no blocking condition yet,
-        # before the namespace controller has deleted the PPOJobs: their finalizers then stay and
-        # the namespace never goes. (The cost: CRDs created after the start are not picked up.)
+        # watching a namespace as soon as it sees it terminating, before the namespace controller
+        # has deleted the PPOJobs: their loops would never see their deletion, and (in versions
+        # with a finalizer) the namespace never went. (The cost: CRDs created after the start are
+        # not picked up.)
         settings.scanning.disabled = namespaced
         settings.posting.level = logging.INFO
         settings.watching.label_selectors["v1", "pods"] = LABEL_JOB_NAME
@@ -241,12 +242,14 @@ def register(registry: kopf.OperatorRegistry, *, pod_group_resources: Iterable[G
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="ppojob")
     async def ppojob(event: kopf.RawEvent, body: kopf.Body, namespace: str, name: str, memo: kopf.Memo,
-                     logger: logging.Logger, **kwargs: Any) -> None:
+                     **kwargs: Any) -> None:
         runtime, key = memo.runtime, job_key(namespace, name)
         if event.get("type") == "DELETED":
             runtime.jobs.gone(key)
             return
-        runtime.jobs.seen(key, body, lambda loop: run_job(runtime, loop, key, logger, kwargs))
+        # The loop keeps the indices only: the other arguments hold this event's whole object.
+        indices = {index_name: value for index_name, value in kwargs.items() if isinstance(value, kopf.Index)}
+        runtime.jobs.seen(key, body, lambda loop: run_job(runtime, loop, key, indices))
 
 
 async def _index_pod_group(namespace: str, labels: Mapping[str, str], body: kopf.Body, **_: Any):
@@ -257,8 +260,7 @@ async def _wake_parent(namespace: str, labels: Mapping[str, str], memo: kopf.Mem
     memo.runtime.jobs.wake((namespace, labels[LABEL_JOB_NAME]))
 
 
-async def run_job(runtime: Runtime, loop: JobLoop, key: tuple[str, str], logger: logging.Logger,
-                  indices: Mapping[str, Any]) -> None:
+async def run_job(runtime: Runtime, loop: JobLoop, key: tuple[str, str], indices: Mapping[str, Any]) -> None:
     """A job's lifetime in this operator: reconcile, sleep until woken or due, repeat; never crash."""
     memory = JobMemory(progress_seen=dict((loop.body.get("status") or {}).get("progress") or {}))
     failures = 0
@@ -273,7 +275,7 @@ async def run_job(runtime: Runtime, loop: JobLoop, key: tuple[str, str], logger:
             except Exception as exc:  # a bad object or a flaky API must never stop the others
                 failures += 1
                 delay = min(60.0, 2.0 ** failures)
-                logger.exception("reconcile failed (retry in %.0fs)", delay)
+                log.exception("%s/%s: reconcile failed (retry in %.0fs)", *key, delay)
                 if failures == 1:
                     post_event(Job.from_body(loop.body), Event("Warning", Reason.RECONCILE_ERROR.value,
                                                                f"{type(exc).__name__}: {exc}; retrying"))

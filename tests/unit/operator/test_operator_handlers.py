@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 
 import kopf
 import pytest
@@ -70,7 +69,7 @@ def make_runtime(**kwargs) -> tuple[handlers.Runtime, CountingReconciler, Forget
 
 
 def start(runtime, key=("ns", "a")):
-    return lambda loop: handlers.run_job(runtime, loop, key, logging.getLogger("test"), {})
+    return lambda loop: handlers.run_job(runtime, loop, key, {})
 
 
 def test_a_jobs_events_start_one_loop_that_reconciles_the_latest_body_and_a_deletion_forgets_it():
@@ -114,6 +113,44 @@ def test_the_operator_exiting_stops_every_loop_and_keeps_their_trainers():
         assert all(loop.task.done() for loop in loops) and launcher.forgotten == []
 
     asyncio.run(scenario())
+
+
+class EmptyIndex(kopf.Index):
+    """An index as kopf hands it to a handler (kopf's own needs its indexer)."""
+
+    def __getitem__(self, key):
+        raise KeyError(key)
+
+    def __iter__(self):
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
+def test_a_jobs_loop_keeps_the_indices_and_not_the_rest_of_its_first_event(monkeypatch):
+    """kopf's other arguments (the event, its body, spec, patch, logger) hold that event's whole object:
+    kept for the job's life, they would be one more copy of every PPOJob in memory."""
+    registry = kopf.OperatorRegistry()
+    handlers.register(registry, pod_group_resources=())
+    (handler,) = [h for h in registry._watching.get_all_handlers() if h.id == "ppojob"]
+    kept = {}
+
+    async def run_job(runtime, loop, key, indices):
+        kept.update(indices)
+
+    monkeypatch.setattr(handlers, "run_job", run_job)
+    pods_index = EmptyIndex()
+
+    async def scenario():
+        runtime, _, _ = make_runtime()
+        await handler.fn(event={"type": "ADDED", "object": dict(body())}, body=body(), namespace="ns", name="a",
+                         memo=kopf.Memo(runtime=runtime), ppojob_pods=pods_index, spec={}, patch={}, logger=None)
+        await asyncio.sleep(0)
+        await runtime.jobs.stop_all(1)
+
+    asyncio.run(scenario())
+    assert kept == {"ppojob_pods": pods_index}
 
 
 def test_a_loop_that_finds_its_job_gone_forgets_it():
@@ -205,6 +242,6 @@ def test_the_operator_uses_the_lean_diff_base():
 
 @pytest.mark.parametrize("namespaced", [True, False])
 def test_an_operator_given_namespaces_keeps_watching_them_while_they_terminate(namespaced):
-    """kopf's namespace scanning would stop watching a terminating namespace before its PPOJobs'
-    finalizers are off (the integration test deletes such a namespace)."""
+    """kopf's namespace scanning would stop watching a terminating namespace before its PPOJobs are
+    deleted, so their loops would never see it (the integration test deletes such a namespace)."""
     assert configured_settings(namespaced=namespaced).scanning.disabled is namespaced
