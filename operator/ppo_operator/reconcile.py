@@ -52,12 +52,12 @@ class Children:
 
 @dataclasses.dataclass
 class JobMemory:
-    """What one job's daemon keeps between reconciles; all of it can be re-derived after a restart."""
+    """What one job's loop keeps between reconciles; all of it can be re-derived after a restart."""
 
     last_written: Mapping[str, Any] | None = None
     """The object as our last status patch returned it (newer than the watch until it catches up)."""
     identity_ready: bool = False
-    """The trainer's ServiceAccount, Role and RoleBinding were ensured by this daemon (after a restart
+    """The trainer's ServiceAccount, Role and RoleBinding were ensured by this loop (after a restart
     they are ensured once more: three creates answered 409)."""
     references_checked: int | None = None
     reference_problem: str | None = None
@@ -67,7 +67,7 @@ class JobMemory:
     unseen: dict[tuple[str, str, str], datetime] = dataclasses.field(default_factory=dict)
     """Our creates and deletes of children that the watches have not shown yet: ("create" or
     "delete", kind, name) -> when. A reconcile that runs before the watch has delivered them (a
-    job's own events wake its daemon at once) would send them again, answered 409 or 404."""
+    job's own events wake its loop at once) would send them again, answered 409 or 404."""
     lingering_since: datetime | None = None
     """Since when (or the last audit) children of an earlier attempt are shown by the watches."""
     phantoms: set[str] = dataclasses.field(default_factory=set)

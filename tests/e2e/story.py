@@ -251,8 +251,8 @@ class Story:
         return left
 
     def delete_crd(self) -> dict[str, list[str]]:
-        """The documented last step: kubectl delete crd, once no PPOJob is left anywhere (else it would
-        hang Terminating on their finalizers); what is left."""
+        """The documented last step: kubectl delete crd, once no PPOJob is left anywhere (deleting the
+        CRD would delete them); what is left."""
         jobs = self.kubectl("get", "ppojobs", "-A", "-o", "name", check=False).split()
         if jobs:
             self.say(f"not deleting the CRD: PPOJobs are left in the cluster: {jobs[:5]}")
@@ -267,8 +267,8 @@ class Story:
     def run(self, *, clean_up: bool = True) -> dict:
         """Install, run the job to its end, capture; with clean_up, delete the job and uninstall.
 
-        Without clean_up the operator keeps running (its finalizer must be served for a later
-        delete); call `clean_up()` when done.
+        Without clean_up the operator keeps running (to serve a later delete as a user's would);
+        call `clean_up()` when done.
         """
         self.work_dir.mkdir(parents=True, exist_ok=True)
         try:

@@ -156,11 +156,11 @@ def test_an_object_stored_before_a_schema_change_fails_invalid_spec(local_cluste
 
 def test_deleting_the_namespace_under_running_jobs_lets_the_namespace_go(local_cluster, k8s_namespace, start_operator):
     """The namespace of running jobs is deleted, the operator watching that namespace only (as with the
-    chart's watchNamespaces): it must keep watching while the namespace terminates and take its
-    finalizer off each job, so that the namespace goes. (Once, in a benchmark, ten jobs kept it for
-    minutes with no watch of theirs open.)"""
+    chart's watchNamespaces): it must keep watching while the namespace terminates (its loops see
+    their jobs deleted and stop their trainers), and the namespace must go. (Once, in a benchmark,
+    ten jobs kept it for minutes with no watch of theirs open.)"""
     ns = k8s_namespace
-    start_operator(STANDIN_STEP_SECONDS="1")
+    operator = start_operator(STANDIN_STEP_SECONDS="1")
     for name in ("n0", "n1", "n2"):
         apply(local_cluster, ns, tiny_manifest(name, ppo={"numRollouts": 200}, resources={"gpusPerNode": 0},
                                                scheduling={"gangScheduler": "None"}))
@@ -170,3 +170,4 @@ def test_deleting_the_namespace_under_running_jobs_lets_the_namespace_go(local_c
     wait_for("the namespace gone", lambda: kget(local_cluster, "namespace", ns, ns) is None, timeout=120, interval=1,
              context=lambda: [(j["metadata"]["name"], j["metadata"].get("finalizers"))
                               for j in kget(local_cluster, "ppojobs", ns) or []])
+    wait_for("the trainers stopped", lambda: operator.trainer_pids() == [], timeout=30)
