@@ -6,9 +6,9 @@ The operator (`--launcher local`) starts, per job, the command `operator_scale.p
 (`STANDIN_COMMAND`): a shell that drops a line "namespace name attempt folder" into the spool
 directory and then sleeps, so the operator sees a live trainer process at the cost of a `sleep`.
 This process picks each line up and reports for that job exactly as the real trainer does
-(`ppo_trainer.reporting_k8s.status_patch` of a `Progress`: a JSON merge patch of `status.progress`
-on the status subresource, authenticated with the job's own ServiceAccount token from the
-kubeconfig the operator wrote into the folder). Its steps take S seconds each (the first W
+(`ppo_trainer.reporting_k8s.progress_patch` of a `Progress`: a JSON merge patch of the job's
+progress ConfigMap, authenticated with the job's own ServiceAccount token from the kubeconfig
+the operator wrote into the folder; the operator folds it into the PPOJob's status). Its steps take S seconds each (the first W
 critic-only), then it finishes; it reports at the start, at each step and at the end as far as
 the trainer's own throttle lets it (`ppo_trainer.reporting_k8s.Throttle`: warm-up steps and the
 end at once, other steps at most one per `MIN_INTERVAL_S`, fewer while the API server is slow).
@@ -35,8 +35,8 @@ import aiohttp
 import yaml
 
 from ppo_trainer.reporting import Progress, utc_now
-from ppo_trainer.reporting_k8s import MIN_INTERVAL_S, SLOWDOWN, Throttle, status_patch
-from ppojob_api.vocabulary import GROUP, PLURAL, VERSION, Stage, TrainResidency
+from ppo_trainer.reporting_k8s import MIN_INTERVAL_S, SLOWDOWN, Throttle, progress_patch
+from ppojob_api.vocabulary import Stage, TrainResidency
 
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -46,12 +46,13 @@ class Registration:
     namespace: str
     name: str
     attempt: int
+    progress_configmap: str
     folder: Path
 
 
 def parse_registration(line: str) -> Registration:
-    namespace, name, attempt, folder = line.split(maxsplit=3)
-    return Registration(namespace, name, int(attempt), Path(folder.strip()))
+    namespace, name, attempt, configmap, folder = line.split(maxsplit=4)
+    return Registration(namespace, name, int(attempt), configmap, Path(folder.strip()))
 
 
 def progress_at(step: int, *, steps: int, warmup: int, attempt: int, finished: bool = False) -> Progress:
@@ -98,10 +99,10 @@ class Standin:
 
     async def report(self, job: Registration, server: str, token: str, progress: Progress, phase: str | None) -> float:
         """One PATCH, logged; the seconds it took."""
-        path = f"/apis/{GROUP}/{VERSION}/namespaces/{job.namespace}/{PLURAL}/{job.name}/status"
+        path = f"/api/v1/namespaces/{job.namespace}/configmaps/{job.progress_configmap}"
         sent = time.monotonic()
         try:
-            async with self.session.patch(f"{server}{path}", data=json.dumps(status_patch(progress, now=utc_now())),
+            async with self.session.patch(f"{server}{path}", data=json.dumps(progress_patch(progress, now=utc_now())),
                                           headers={"Authorization": f"Bearer {token}", "Content-Type": MERGE_PATCH},
                                           timeout=aiohttp.ClientTimeout(total=60)) as response:
                 await response.read()
@@ -160,7 +161,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # written), then sleep.
 STANDIN_COMMAND = (
     "sh -c 'f=\"$PPOJOB_NAMESPACE.$PPOJOB_NAME.$PPOJOB_ATTEMPT\"; "
-    "echo \"$PPOJOB_NAMESPACE $PPOJOB_NAME $PPOJOB_ATTEMPT $PWD\" > \"$0/.$f\" && mv \"$0/.$f\" \"$0/$f\"; "
+    "echo \"$PPOJOB_NAMESPACE $PPOJOB_NAME $PPOJOB_ATTEMPT $PPOJOB_PROGRESS_CONFIGMAP $PWD\" > \"$0/.$f\" && "
+    "mv \"$0/.$f\" \"$0/$f\"; "
     "exec sleep 86400' {spool}"
 )
 """`{spool}` becomes `$0` of the shell; the operator appends CONFIG --run-dir DIR, which it ignores."""

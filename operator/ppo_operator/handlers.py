@@ -1,9 +1,9 @@
 """kopf handlers: they decide nothing themselves, they feed the indices and wake the job's loop.
 
-Watches (server-side filtered by the label ppojob.io/job-name): pods, RayClusters and each enabled
-scheduler's pod groups go into in-memory indices keyed by (namespace, job); any event on them, or
-on the PPOJob itself (the trainer's progress reports included), wakes that job's loop, which runs
-`Reconciler.reconcile`. A loop sleeps until woken or until its next deadline: no polling of the
+Watches (server-side filtered by the label ppojob.io/job-name): pods, RayClusters, each enabled
+scheduler's pod groups and the trainers' progress ConfigMaps go into in-memory indices keyed by
+(namespace, job); any event on them, or on the PPOJob itself, wakes that job's loop, which runs
+`Reconciler.reconcile` (at once for a report or the job's own event; a child's burst settles first). A loop sleeps until woken or until its next deadline: no polling of the
 API server.
 
 Each job's loop is an asyncio task of ours (`Jobs`), started by the job's first watch event and
@@ -29,7 +29,7 @@ from ppo_operator.events import Event
 from ppo_operator.gang import GroupResource
 from ppo_operator.job import Job
 from ppo_operator.launchers import Launcher
-from ppo_operator.observed import summarize_pod, summarize_pod_group, summarize_raycluster
+from ppo_operator.observed import summarize_pod, summarize_pod_group, summarize_raycluster, summarize_report
 from ppo_operator.reconcile import Children, JobGone, JobMemory, Reconciler, job_key
 from ppojob_api.vocabulary import GROUP, LABEL_JOB_NAME, PLURAL, VERSION, Reason
 
@@ -104,11 +104,11 @@ class Jobs:
         if self._loops.get(key) is loop:
             del self._loops[key]
 
-    def wake(self, key: tuple[str, str]) -> None:
-        """A child of the job changed (nothing to do if the job has no loop)."""
+    def wake(self, key: tuple[str, str], *, prompt: bool = False) -> None:
+        """A child of the job changed, or (prompt) its trainer reported; nothing to do if the job has no loop."""
         loop = self._loops.get(key)
         if loop is not None:
-            loop.woken(prompt=False)
+            loop.woken(prompt=prompt)
 
     async def stop_all(self, timeout: float) -> None:
         """The operator exits: every loop stops (keeping its trainer, which the next operator adopts);
@@ -167,6 +167,7 @@ class Runtime:
             pods=records("ppojob_pods"),
             clusters=records("ppojob_rayclusters"),
             pod_groups=tuple(r for res in self.pod_group_resources for r in records(pod_group_index(res))),
+            reports=records("ppojob_reports"),
         )
 
 
@@ -202,6 +203,7 @@ def register(registry: kopf.OperatorRegistry, *, pod_group_resources: Iterable[G
         settings.posting.level = logging.INFO
         settings.watching.label_selectors["v1", "pods"] = LABEL_JOB_NAME
         settings.watching.label_selectors["ray.io", "rayclusters"] = LABEL_JOB_NAME
+        settings.watching.label_selectors["v1", "configmaps"] = LABEL_JOB_NAME
         for resource in pod_group_resources:
             settings.watching.label_selectors[resource.group, resource.plural] = LABEL_JOB_NAME
 
@@ -228,6 +230,14 @@ def register(registry: kopf.OperatorRegistry, *, pod_group_resources: Iterable[G
     @kopf.index("ray.io", "v1", "rayclusters", labels=CHILD, registry=registry, id="ppojob_rayclusters")
     async def ppojob_rayclusters(namespace: str, labels: Mapping[str, str], body: kopf.Body, **_: Any):
         return {(namespace, labels[LABEL_JOB_NAME]): summarize_raycluster(body)}
+
+    @kopf.index("v1", "configmaps", labels=CHILD, registry=registry, id="ppojob_reports")
+    async def ppojob_reports(namespace: str, labels: Mapping[str, str], body: kopf.Body, **_: Any):
+        return {(namespace, labels[LABEL_JOB_NAME]): summarize_report(body)}
+
+    @kopf.on.event("v1", "configmaps", labels=CHILD, registry=registry, id="wake_on_report")
+    async def wake_on_report(namespace: str, labels: Mapping[str, str], memo: kopf.Memo, **_: Any) -> None:
+        memo.runtime.jobs.wake((namespace, labels[LABEL_JOB_NAME]), prompt=True)  # as the job's own events
 
     watched = [("v1", "pods"), ("ray.io", "v1", "rayclusters")]
     for resource in pod_group_resources:

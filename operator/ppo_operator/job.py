@@ -29,6 +29,8 @@ class Job:
     raw_spec: Mapping[str, Any]
     status: Mapping[str, Any]
     deleting: bool = False
+    report: Mapping[str, Any] | None = None
+    """The trainer's latest report (its progress ConfigMap), newer than `status.progress` or equal to it."""
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> Job:
@@ -50,7 +52,13 @@ class Job:
 
     @property
     def progress(self) -> Mapping[str, Any]:
+        """What the trainer reported last: its report, or (before its first) the status as stored."""
+        if self.report is not None:
+            return self.report
         return self.status.get("progress") or {}
+
+    def with_report(self, report: Mapping[str, Any] | None) -> Job:
+        return self if report is None else dataclasses.replace(self, report=copy.deepcopy(dict(report)))
 
     def parse(self) -> tuple[PPOJobSpec | None, str | None]:
         """The typed spec, or None and every problem in one message (never raises)."""

@@ -62,7 +62,7 @@ def resource_of(manifest: Mapping[str, Any], plural: str) -> GroupResource:
 
 PLURALS = {
     "ServiceAccount": "serviceaccounts", "Role": "roles", "RoleBinding": "rolebindings",
-    "RayCluster": "rayclusters", "PodGroup": "podgroups",
+    "RayCluster": "rayclusters", "PodGroup": "podgroups", "ConfigMap": "configmaps",
 }
 
 

@@ -44,8 +44,13 @@ def pod_group_name(job_name: str, attempt: int) -> str:
 
 
 def service_account_name(job_name: str) -> str:
-    """The trainer's identity; one per job (not per attempt), as are its Role and RoleBinding."""
+    """The trainer's identity; one per job (not per attempt), as are its Role, RoleBinding and progress ConfigMap."""
     return f"{base_name(job_name)}-trainer"
+
+
+def progress_configmap_name(job_name: str) -> str:
+    """Where the trainer reports its progress; one per job, as its identity."""
+    return f"{base_name(job_name)}-progress"
 
 
 def submission_id(job_uid: str, attempt: int) -> str:

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
 from ppo_operator.job import parse_time
-from ppojob_api.vocabulary import LABEL_ATTEMPT, LABEL_ROLE
+from ppojob_api.vocabulary import KIND, LABEL_ATTEMPT, LABEL_ROLE, PROGRESS_KEY
 
 
 def _attempt(labels: Mapping[str, str]) -> int | None:
@@ -115,6 +116,32 @@ def summarize_pod_group(body: Mapping[str, Any]) -> PodGroupRecord:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class ReportRecord:
+    """The trainer's latest report, from its progress ConfigMap."""
+
+    owner_uid: str
+    """The uid of the PPOJob that owns the ConfigMap (a job of the same name made later has another)."""
+    progress: Mapping[str, Any] | None
+    """`status.progress` as the trainer reported it; None before its first report, or if unreadable."""
+
+
+def summarize_report(body: Mapping[str, Any]) -> ReportRecord:
+    meta = body.get("metadata", {})
+    owner = next((o.get("uid", "") for o in meta.get("ownerReferences") or [] if o.get("kind") == KIND), "")
+    text = (body.get("data") or {}).get(PROGRESS_KEY)
+    try:
+        progress = json.loads(text) if text else None
+    except ValueError:
+        progress = None
+    return ReportRecord(owner_uid=owner, progress=progress if isinstance(progress, dict) else None)
+
+
+def report_of(reports: Iterable[ReportRecord], job_uid: str) -> Mapping[str, Any] | None:
+    """The progress the job's own trainer last reported, if any."""
+    return next((r.progress for r in reports if r.owner_uid == job_uid and r.progress is not None), None)
+
+
 class TrainerState(str, enum.Enum):
     """What a launcher knows of the trainer of one attempt."""
 
@@ -144,7 +171,7 @@ class Observed:
     reference_problem: str | None = None
     """A referenced object (volume claim, secret) that does not exist, naming the field."""
     identity_ready: bool = False
-    """The trainer's ServiceAccount, Role and RoleBinding were ensured."""
+    """The trainer's ServiceAccount, Role, RoleBinding and progress ConfigMap were ensured."""
 
     def pods_of(self, attempt: int) -> list[PodRecord]:
         return [p for p in self.pods if p.attempt == attempt]

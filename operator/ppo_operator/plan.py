@@ -47,7 +47,8 @@ class Plan:
     """Stop every trainer but this attempt's (None: stop them all)."""
     delete_job: bool = False
     revoke_identity: bool = False
-    """Delete the trainer's ServiceAccount, Role and RoleBinding (the job ended; its tokens die with them)."""
+    """Delete the trainer's ServiceAccount, Role, RoleBinding and progress ConfigMap (the job ended; its
+    tokens die with them)."""
 
     @property
     def creates(self) -> bool:

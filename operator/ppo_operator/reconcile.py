@@ -21,14 +21,22 @@ from typing import Any
 
 from ppo_operator import names
 from ppo_operator.builders.common import BuildOptions
-from ppo_operator.builders.rbac import build_role, build_role_binding, build_service_account
+from ppo_operator.builders.rbac import build_progress_configmap, build_role, build_role_binding, build_service_account
 from ppo_operator.decisions import Policy
 from ppo_operator.events import Event, compute_events, compute_progress_events, compute_refused_status_event
 from ppo_operator.gang import GroupResource
 from ppo_operator.job import Job
 from ppo_operator.kube import PLURALS, PPOJOBS, Kube, KubeError, resource_of
 from ppo_operator.launchers import Launcher
-from ppo_operator.observed import ClusterRecord, Observed, PodGroupRecord, PodRecord, TrainerRecord
+from ppo_operator.observed import (
+    ClusterRecord,
+    Observed,
+    PodGroupRecord,
+    PodRecord,
+    ReportRecord,
+    TrainerRecord,
+    report_of,
+)
 from ppo_operator.plan import RAYCLUSTERS, Plan, next_wakeup, plan_actions, pod_group_resource_of
 from ppo_operator.status import compute_status, operator_status, status_changed, status_patch
 from ppojob_api.spec import PPOJobSpec
@@ -48,6 +56,7 @@ class Children:
     pods: tuple[PodRecord, ...] = ()
     clusters: tuple[ClusterRecord, ...] = ()
     pod_groups: tuple[PodGroupRecord, ...] = ()
+    reports: tuple[ReportRecord, ...] = ()
 
 
 @dataclasses.dataclass
@@ -57,8 +66,8 @@ class JobMemory:
     last_written: Mapping[str, Any] | None = None
     """The object as our last status patch returned it (newer than the watch until it catches up)."""
     identity_ready: bool = False
-    """The trainer's ServiceAccount, Role and RoleBinding were ensured by this loop (after a restart
-    they are ensured once more: three creates answered 409)."""
+    """The trainer's ServiceAccount, Role, RoleBinding and progress ConfigMap were ensured by this loop
+    (after a restart they are ensured once more: four creates answered 409)."""
     references_checked: int | None = None
     reference_problem: str | None = None
     progress_seen: Mapping[str, Any] | None = None
@@ -88,8 +97,9 @@ def without_phantoms(children: Children, phantoms: set[str]) -> Children:
     """The children minus the records of objects known to be gone."""
     if not phantoms:
         return children
-    return Children(*(tuple(r for r in records if r.uid not in phantoms)
-                      for records in (children.pods, children.clusters, children.pod_groups)))
+    pods, clusters, pod_groups = (tuple(r for r in records if r.uid not in phantoms)
+                                  for records in (children.pods, children.clusters, children.pod_groups))
+    return dataclasses.replace(children, pods=pods, clusters=clusters, pod_groups=pod_groups)
 
 
 def child_resource(record: PodRecord | ClusterRecord | PodGroupRecord) -> GroupResource | None:
@@ -139,6 +149,7 @@ class Reconciler:
     async def reconcile(self, body: Mapping[str, Any], children: Children, memory: JobMemory) -> float | None:
         """One pass; returns the seconds until a deadline needs another pass (None: only on events)."""
         job = Job.from_body(freshest(body, memory.last_written))
+        job = job.with_report(report_of(children.reports, job.uid))
         if job.deleting:
             return None
         spec, _ = job.parse()
@@ -246,12 +257,14 @@ class Reconciler:
                 self.post_event(job, Event("Normal", Reason.CLUSTER_DELETED.value, f"RayCluster {deletion.name} deleted: {deletion.why}"))
         await self.launcher.stop_others(job, plan.keep_trainer)
         if plan.revoke_identity:
-            for identity in (build_role_binding(job), build_role(job), build_service_account(job)):
+            for identity in (build_role_binding(job), build_role(job), build_service_account(job),
+                             build_progress_configmap(job)):
                 await self.kube.ensure_deleted(resource_of(identity, PLURALS[identity["kind"]]), job.namespace,
                                                identity["metadata"]["name"])
             memory.identity_ready = False
         if plan.ensure_identity:
-            for manifest in (build_service_account(job), build_role(job), build_role_binding(job)):
+            for manifest in (build_service_account(job), build_role(job), build_role_binding(job),
+                             build_progress_configmap(job)):
                 await self.kube.ensure_created(manifest)
             memory.identity_ready = True
         created = []

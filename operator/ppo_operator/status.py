@@ -1,6 +1,7 @@
 """compute_status: the job's status as a pure function of the job, what was observed, and the clock.
 
-The operator owns every key of `status` except `progress` (the trainer's). The phase follows the
+The operator writes every key of `status`; `progress` is the trainer's latest report (from its
+progress ConfigMap), folded into the same write as the phase it moves. The phase follows the
 attempt through Pending (children being created), Scheduling (gang not yet placed), Initializing
 (cluster starting, trainer starting), CriticWarmup / Training (from the trainer's progress), to
 Succeeded or Failed; Suspended and Restarting around them. A failure of the attempt restarts the
@@ -32,14 +33,14 @@ from ppojob_api.vocabulary import ConditionType, Phase, Reason
 
 OPERATOR_KEYS = (
     "phase", "reason", "message", "observedGeneration", "startTime", "completionTime",
-    "restarts", "attempt", "children", "conditions",
+    "restarts", "attempt", "children", "conditions", "progress",
 )
 # Conditions that describe the running attempt; reset on restart, suspend and finish.
 ATTEMPT_CONDITIONS = (ConditionType.GANG_SCHEDULED, ConditionType.CLUSTER_READY, ConditionType.TRAINER_RUNNING)
 
 
 def operator_status(status: Mapping[str, Any]) -> dict[str, Any]:
-    """The part of a status the operator writes (everything but the trainer's progress)."""
+    """The part of a status the operator writes (all of it, unknown keys aside)."""
     return {k: status[k] for k in OPERATOR_KEYS if k in status and status[k] is not None}
 
 
@@ -53,6 +54,8 @@ class _Draft:
         self.status.setdefault("restarts", 0)
         self.status.setdefault("attempt", 0)
         self.status.setdefault("conditions", [])
+        if job.report is not None:
+            self.status["progress"] = dict(job.report)
 
     @property
     def conditions(self) -> list[dict[str, Any]]:
@@ -94,7 +97,7 @@ class _Draft:
 
 
 def compute_status(job: Job, observed: Observed, now: datetime, *, policy: Policy | None = None) -> dict[str, Any]:
-    """The operator's part of the new status (compare with `operator_status(job.status)`)."""
+    """The new status (compare with `operator_status(job.status)`)."""
     policy = policy or Policy()
     draft = _Draft(job, now)
     old_phase = job.status.get("phase")

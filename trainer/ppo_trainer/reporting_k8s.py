@@ -1,4 +1,9 @@
-"""The PPOJob status reporter: the trainer merge-patches `status.progress` of its own PPOJob.
+"""The PPOJob progress reporter: the trainer writes `status.progress` to its job's progress ConfigMap.
+
+The operator creates that ConfigMap (named in PPOJOB_PROGRESS_CONFIGMAP), lets the job's
+ServiceAccount patch it and nothing else, watches it, and folds each report into the PPOJob's
+status in the write it makes anyway: a report that moves the phase costs one PPOJob write, not
+two, and a ConfigMap write costs the API server a fraction of a PPOJob write (docs/scale.md).
 
 Throttled (`Throttle`): the changes that matter (a critic-only warm-up step is done, a checkpoint
 is written, the run finishes or fails) are sent at once; any other snapshot waits until
@@ -12,11 +17,12 @@ The heartbeat re-sends the latest snapshot with a fresh `heartbeatTime` when not
 `heartbeat_seconds`, so the operator can tell a live trainer in a long stage from a dead one.
 It never crashes training: API errors are logged and counted, and the run goes on. The
 transport is a plain function (`patch(body)`), so tests can record it; `from_environment` builds
-the real one from PPOJOB_NAME, PPOJOB_NAMESPACE and in-cluster config or KUBECONFIG.
+the real one from PPOJOB_PROGRESS_CONFIGMAP, PPOJOB_NAMESPACE and in-cluster config or KUBECONFIG.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -25,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ppo_trainer.reporting import Progress, utc_now
-from ppojob_api.vocabulary import GROUP, PLURAL, VERSION
+from ppojob_api.vocabulary import ENV_PROGRESS_CONFIGMAP, PROGRESS_KEY
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +45,10 @@ SLOWDOWN = 50.0
 server answering in 0.2 s or less the interval stays `min_interval`; at 0.6 s it is the maximum."""
 
 
-def status_patch(progress: Progress, *, now: str) -> dict[str, Any]:
-    """The merge-patch body for the status subresource; `error: None` clears an older attempt's error."""
-    body = {**progress.to_status(), "heartbeatTime": now}
-    body.setdefault("error", None)
-    return {"status": {"progress": body}}
+def progress_patch(progress: Progress, *, now: str) -> dict[str, Any]:
+    """The merge-patch body for the progress ConfigMap: the whole `status.progress` as one JSON value
+    (so a key left out, such as an older attempt's error, is gone)."""
+    return {"data": {PROGRESS_KEY: json.dumps({**progress.to_status(), "heartbeatTime": now}, sort_keys=True)}}
 
 
 def urgency(previous: Progress | None, current: Progress) -> str | None:
@@ -114,8 +119,9 @@ class KubernetesReporter:
 
     @classmethod
     def from_environment(cls, **kwargs: Any) -> KubernetesReporter | None:
-        """The reporter of the PPOJob named by PPOJOB_NAME / PPOJOB_NAMESPACE, or None outside a job."""
-        name, namespace = os.environ.get("PPOJOB_NAME"), os.environ.get("PPOJOB_NAMESPACE")
+        """The reporter to the ConfigMap named by PPOJOB_PROGRESS_CONFIGMAP in PPOJOB_NAMESPACE, or None
+        outside a job."""
+        name, namespace = os.environ.get(ENV_PROGRESS_CONFIGMAP), os.environ.get("PPOJOB_NAMESPACE")
         if not name or not namespace:
             return None
         from kubernetes import client, config
@@ -124,12 +130,10 @@ class KubernetesReporter:
             config.load_incluster_config()
         except config.ConfigException:
             config.load_kube_config()
-        api = client.CustomObjectsApi()
+        api = client.CoreV1Api()
 
         def patch(body: dict[str, Any]) -> None:
-            api.patch_namespaced_custom_object_status(
-                GROUP, VERSION, namespace, PLURAL, name, body, _content_type="application/merge-patch+json"
-            )
+            api.patch_namespaced_config_map(name, namespace, body, _content_type="application/merge-patch+json")
 
         return cls(patch, **kwargs)
 
@@ -159,9 +163,9 @@ class KubernetesReporter:
     def _send(self, progress: Progress) -> None:
         started = self.clock()
         try:
-            self._patch(status_patch(progress, now=utc_now()))
+            self._patch(progress_patch(progress, now=utc_now()))
             self.sent += 1
         except Exception as exc:  # noqa: BLE001 (an API error must never stop training)
             self.failures += 1
-            log.warning("could not patch the PPOJob status (%s: %s); training goes on", type(exc).__name__, exc)
+            log.warning("could not report the progress (%s: %s); training goes on", type(exc).__name__, exc)
         self.throttle.sent(progress, started, self.clock() - started)

@@ -16,7 +16,7 @@ from ppo_operator.builders.common import BuildOptions, child_metadata, gang_of, 
 from ppo_operator.gang import Gang, GangBackend
 from ppo_operator.job import Job
 from ppojob_api.spec import PPOJobSpec
-from ppojob_api.vocabulary import LABEL_ROLE
+from ppojob_api.vocabulary import ENV_PROGRESS_CONFIGMAP, LABEL_ROLE
 
 GPU = "nvidia.com/gpu"
 SHM_VOLUME = "dshm"
@@ -35,6 +35,7 @@ def _env(job: Job, spec: PPOJobSpec, attempt: int) -> list[dict[str, Any]]:
         {"name": "PPOJOB_NAME", "value": job.name},
         {"name": "PPOJOB_NAMESPACE", "value": job.namespace},
         {"name": "PPOJOB_ATTEMPT", "value": str(attempt)},
+        {"name": ENV_PROGRESS_CONFIGMAP, "value": names.progress_configmap_name(job.name)},
     ]
 
 

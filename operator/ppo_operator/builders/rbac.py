@@ -1,7 +1,11 @@
-"""The trainer's least-privilege identity: a ServiceAccount per job, a Role on that one PPOJob.
+"""The trainer's least-privilege identity: a ServiceAccount per job, and the one object it writes.
 
-The Role grants `get` on the job and `get`/`patch` on its status subresource, limited by
-resourceNames to the job itself: a trainer can report its own progress and nothing else. Pure.
+The trainer reports its progress to a ConfigMap of its job's (`build_progress_configmap`), not to
+the PPOJob: a ConfigMap write costs the API server a fraction of a PPOJob write (no schema, no
+large managedFields), and the operator folds each report into the status write it makes anyway,
+so a report that moves the phase is one PPOJob write, not two. The Role grants `get` on the job
+and `get`/`patch` on that ConfigMap, limited by resourceNames: a trainer can report its own
+progress and nothing else. Pure.
 """
 
 from __future__ import annotations
@@ -31,12 +35,22 @@ def build_role(job: Job) -> dict[str, Any]:
         "rules": [
             {"apiGroups": [GROUP], "resources": [PLURAL], "resourceNames": [job.name], "verbs": ["get"]},
             {
-                "apiGroups": [GROUP],
-                "resources": [f"{PLURAL}/status"],
-                "resourceNames": [job.name],
+                "apiGroups": [""],
+                "resources": ["configmaps"],
+                "resourceNames": [names.progress_configmap_name(job.name)],
                 "verbs": ["get", "patch"],
             },
         ],
+    }
+
+
+def build_progress_configmap(job: Job) -> dict[str, Any]:
+    """Empty until the trainer's first report (the operator then shows the status.progress it has)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": child_metadata(job, names.progress_configmap_name(job.name)),
+        "data": {},
     }
 
 

@@ -38,6 +38,7 @@ from ppo_operator.builders.submission import trainer_args, trainer_manifest
 from ppo_operator.job import Job
 from ppo_operator.kube import PPOJOBS, Kube, KubeError
 from ppo_operator.observed import TrainerRecord, TrainerState
+from ppojob_api.vocabulary import ENV_PROGRESS_CONFIGMAP
 
 # $$ is the wrapper (the session leader); field 22 of its stat is its start time (comm "sh" has no spaces).
 WRAPPER = (
@@ -190,6 +191,7 @@ class LocalLauncher:
             **{k: v for k, v in os.environ.items() if k not in ("KUBECONFIG",)},
             "KUBECONFIG": str(folder / "kubeconfig"),
             "PPOJOB_NAME": job.name, "PPOJOB_NAMESPACE": job.namespace, "PPOJOB_ATTEMPT": str(attempt),
+            ENV_PROGRESS_CONFIGMAP: names.progress_configmap_name(job.name),
         }
         return args, env
 

@@ -85,9 +85,9 @@ def test_tiny_example_is_gang_scheduled_and_reports_every_phase(local_cluster, k
     assert "Traceback" not in operator.log()
 
 
-def test_the_trainer_identity_may_patch_its_own_job_status_and_nothing_else(local_cluster, k8s_namespace, start_operator, tmp_path):
+def test_the_trainer_identity_may_report_to_its_own_progress_configmap_and_nothing_else(local_cluster, k8s_namespace, start_operator, tmp_path):
     ns = k8s_namespace
-    operator = start_operator(STANDIN_STEP_SECONDS="2")
+    operator = start_operator(STANDIN_HANG="1")  # the stand-in reports once, then only this test does
     apply(local_cluster, ns, tiny_manifest(ppo={"numRollouts": 50}))
     apply(local_cluster, ns, tiny_manifest("other", resources={"gpusPerNode": 0}, scheduling={"gangScheduler": "None"}))
     wait_phase(local_cluster, ns, "tiny", "CriticWarmup", "Training", timeout=90)
@@ -98,10 +98,14 @@ def test_the_trainer_identity_may_patch_its_own_job_status_and_nothing_else(loca
         return subprocess.run([str(local_cluster.bin_dir / "kubectl"), *args, "-n", ns], env=as_trainer,
                               capture_output=True, text=True, check=False)
 
-    patch = json.dumps({"status": {"progress": {"stage": "Generate"}}})
-    own = trainer_kubectl("patch", "ppojob", "tiny", "--subresource=status", "--type=merge", "-p", patch)
+    report = json.dumps({"data": {"progress": json.dumps({"attempt": 0, "stage": "WeightSync", "step": 0})}})
+    own = trainer_kubectl("patch", "configmap", "tiny-progress", "--type=merge", "-p", report)
     assert own.returncode == 0, own.stderr
-    for args in (("patch", "ppojob", "other", "--subresource=status", "--type=merge", "-p", patch),
+    wait_for("the report folded into the status", lambda: (kget(local_cluster, "ppojob", ns, "tiny")["status"]
+                                                           .get("progress", {}).get("stage")) == "WeightSync", timeout=15)
+    status = json.dumps({"status": {"progress": {"stage": "Generate"}}})
+    for args in (("patch", "configmap", "other-progress", "--type=merge", "-p", report),
+                 ("patch", "ppojob", "tiny", "--subresource=status", "--type=merge", "-p", status),
                  ("patch", "ppojob", "tiny", "--type=merge", "-p", json.dumps({"spec": {"seed": 2}})),
                  ("get", "pods"), ("get", "ppojob", "other")):
         denied = trainer_kubectl(*args)

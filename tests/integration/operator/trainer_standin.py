@@ -4,9 +4,9 @@ without the training.
     python trainer_standin.py CONFIG --run-dir DIR [--resume] [--address A]
 
 Reads the PPOJob manifest CONFIG, then walks numRollouts steps (the first numCriticOnlySteps
-critic-only), patching `status.progress` of its own PPOJob through the status subresource with the
-identity the operator gave it (KUBECONFIG: the job's ServiceAccount token), exactly as the real
-trainer's reporter does, and like it a failed report is logged and training goes on (so an API
+critic-only), writing `status.progress` to its job's progress ConfigMap (PPOJOB_PROGRESS_CONFIGMAP)
+with the identity the operator gave it (KUBECONFIG: the job's ServiceAccount token), exactly as the
+real trainer's reporter does (the whole progress as one JSON value, each report the latest), and like it a failed report is logged and training goes on (so an API
 server restart does not kill it). A checkpoint file in DIR lets --resume continue. Environment knobs:
 STANDIN_STEP_SECONDS (default 0.3), STANDIN_HANG=1 (stop reporting and sleep), STANDIN_EXIT_CODE,
 STANDIN_POD_LOSS_KUBECONFIG=PATH (a kubeconfig that may list pods: the stand-in exits 1 once a pod of
@@ -17,6 +17,7 @@ runs on this machine, not in those pods, so without this it would not notice).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -72,17 +73,19 @@ def main() -> int:
     checkpoint = run_dir / "checkpoint-step"
     start = int(checkpoint.read_text()) if args.resume and checkpoint.exists() else 0
     config.load_kube_config()
-    api = client.CustomObjectsApi()
+    api = client.CoreV1Api()
     name, namespace = os.environ["PPOJOB_NAME"], os.environ["PPOJOB_NAMESPACE"]
+    configmap = os.environ["PPOJOB_PROGRESS_CONFIGMAP"]
     attempt = int(os.environ.get("PPOJOB_ATTEMPT", "0"))
     step_seconds = float(os.environ.get("STANDIN_STEP_SECONDS", "0.3"))
 
+    latest = {"attempt": attempt, "totalSteps": total, "criticOnlySteps": warmup}
+
     def report(**progress) -> None:
-        body = {"status": {"progress": {"attempt": attempt, "totalSteps": total, "criticOnlySteps": warmup,
-                                        "heartbeatTime": now(), **progress}}}
+        latest.update(progress, heartbeatTime=now())
+        body = {"data": {"progress": json.dumps(latest)}}
         try:
-            api.patch_namespaced_custom_object_status("ppojob.io", "v1alpha1", namespace, "ppojobs", name, body,
-                                                      _content_type="application/merge-patch+json")
+            api.patch_namespaced_config_map(configmap, namespace, body, _content_type="application/merge-patch+json")
         except Exception as exc:  # noqa: BLE001 (as the real reporter: an API error never stops training)
             print(f"stand-in: report failed ({type(exc).__name__}); going on", flush=True)
 

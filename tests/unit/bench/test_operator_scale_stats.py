@@ -72,8 +72,9 @@ def test_table_has_ratios_and_targets_judge_the_largest_size():
 
 
 def test_standin_reports_like_the_trainer_and_names_the_phase_it_expects():
-    registration = parse_registration("ns j0001 0 /tmp/state/ns/j0001-uid/a0\n")
+    registration = parse_registration("ns j0001 0 j0001-progress /tmp/state/ns/j0001 uid/a0\n")
     assert (registration.namespace, registration.name, registration.attempt) == ("ns", "j0001", 0)
+    assert registration.progress_configmap == "j0001-progress" and str(registration.folder).endswith("j0001 uid/a0")
     status = progress_at(1, steps=6, warmup=1, attempt=0).to_status()
     assert status["steps"] == "1/6" and status["warmup"] == "1/1" and status["criticOnlyStepsDone"] == 1
     assert progress_at(6, steps=6, warmup=1, attempt=0, finished=True).to_status()["finished"] is True

@@ -9,6 +9,9 @@ import pytest
 import yaml
 from conftest import CHART, REPO
 
+from ppo_operator.builders.rbac import build_role
+from ppo_operator.job import Job
+
 
 def by_kind(objects: list[dict], kind: str) -> list[dict]:
     return [o for o in objects if o["kind"] == kind]
@@ -104,6 +107,10 @@ def test_rbac_is_least_privilege(render):
     assert rules[("ppojob.io", "ppojobs/status")] == {"get", "patch", "update"}
     assert rules[("scheduling.x-k8s.io", "podgroups")] >= {"create", "delete"}
     assert ("scheduling.volcano.sh", "podgroups") not in rules, "only the configured gang schedulers"
+    # The API server lets the operator grant (in each trainer's Role) only what it holds itself.
+    trainer = build_role(Job.from_body({"metadata": {"name": "tiny", "namespace": "team-a", "uid": "u1"}}))
+    for resource, verbs in rules_of(trainer).items():
+        assert verbs <= rules.get(resource, set()), (resource, verbs)
     binding, _ = by_kind(render(), "ClusterRoleBinding")
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "ppojob-ppojob-operator", "namespace": "ppojob-system"}

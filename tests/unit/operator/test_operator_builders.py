@@ -10,7 +10,13 @@ from operator_factory import make_job
 from ppo_operator.builders.common import BuildOptions, gang_of
 from ppo_operator.builders.pod_group import build_pod_group
 from ppo_operator.builders.raycluster import build_raycluster
-from ppo_operator.builders.rbac import build_kubeconfig, build_role, build_role_binding, build_service_account
+from ppo_operator.builders.rbac import (
+    build_kubeconfig,
+    build_progress_configmap,
+    build_role,
+    build_role_binding,
+    build_service_account,
+)
 from ppo_operator.builders.submission import build_submission
 from ppo_operator.gang import backend_for
 from ppojob_api.vocabulary import GangScheduler
@@ -34,6 +40,7 @@ def _pod(role, container, resources, *, gang_labels=None, annotations=None, sche
             {"name": "PPOJOB_NAME", "value": "tiny"},
             {"name": "PPOJOB_NAMESPACE", "value": "team-a"},
             {"name": "PPOJOB_ATTEMPT", "value": attempt},
+            {"name": "PPOJOB_PROGRESS_CONFIGMAP", "value": "tiny-progress"},
         ],
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, *(mounts or [])],
     }
@@ -182,7 +189,7 @@ def test_scheduler_name_can_be_overridden_per_backend():
     assert backend.scheduler_name == "gang-scheduler"
 
 
-def test_rbac_objects_give_the_trainer_its_own_job_status_only():
+def test_rbac_objects_let_the_trainer_report_to_its_own_progress_configmap_only():
     job = make_job()
     meta = {"name": "tiny-trainer", "namespace": "team-a", "labels": JOB_LABELS, "ownerReferences": [OWNER]}
     assert build_service_account(job) == {
@@ -194,9 +201,13 @@ def test_rbac_objects_give_the_trainer_its_own_job_status_only():
         "metadata": meta,
         "rules": [
             {"apiGroups": ["ppojob.io"], "resources": ["ppojobs"], "resourceNames": ["tiny"], "verbs": ["get"]},
-            {"apiGroups": ["ppojob.io"], "resources": ["ppojobs/status"], "resourceNames": ["tiny"],
+            {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["tiny-progress"],
              "verbs": ["get", "patch"]},
         ],
+    }
+    assert build_progress_configmap(job) == {
+        "apiVersion": "v1", "kind": "ConfigMap", "data": {},
+        "metadata": {**meta, "name": "tiny-progress"},
     }
     assert build_role_binding(job) == {
         "apiVersion": "rbac.authorization.k8s.io/v1",

@@ -13,6 +13,7 @@ from operator_factory import cluster, pod_group, pods
 
 from ppo_operator import handlers
 from ppo_operator.gang import pod_group_resources
+from ppo_operator.observed import summarize_report
 from ppo_operator.reconcile import JobGone
 
 
@@ -28,10 +29,11 @@ def test_the_job_loop_reads_every_registered_index_by_its_id():
         "ppojob_pods": pods(0, 2),
         "ppojob_rayclusters": (cluster(0),),
         handlers.pod_group_index(resources[0]): (pod_group(0),),
+        "ppojob_reports": (summarize_report({"metadata": {}, "data": {}}),),
     }
     assert set(records) <= index_ids
     children = runtime.children(key, {name: {key: value} for name, value in records.items()})
-    assert (len(children.pods), len(children.clusters), len(children.pod_groups)) == (2, 1, 1)
+    assert (len(children.pods), len(children.clusters), len(children.pod_groups), len(children.reports)) == (2, 1, 1, 1)
 
 
 def test_no_handler_makes_kopf_put_a_finalizer_on_a_ppojob():
@@ -181,9 +183,12 @@ def test_the_loop_reconciles_a_report_at_once_and_lets_child_bursts_settle():
         runtime.jobs.seen(key, body(), start(runtime))  # the trainer's report
         await asyncio.sleep(0.05)
         assert reconciler.passes == 2
+        runtime.jobs.wake(key, prompt=True)  # the trainer's progress ConfigMap changed: at once too
+        await asyncio.sleep(0.05)
+        assert reconciler.passes == 3
         runtime.jobs.wake(key)  # a pod changed: wait out the burst
         await asyncio.sleep(0.05)
-        assert reconciler.passes == 2
+        assert reconciler.passes == 3
         loop.task.cancel()  # it is in the debounce's sleep
         with contextlib.suppress(asyncio.CancelledError):
             await loop.task

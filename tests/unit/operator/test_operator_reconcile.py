@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import dataclasses
 from datetime import timedelta
 
 import pytest
@@ -13,7 +14,7 @@ from operator_factory import NOW, cluster, make_ppojob, pod_group, pods
 from ppo_operator.builders.common import BuildOptions
 from ppo_operator.decisions import Policy
 from ppo_operator.kube import KubeError
-from ppo_operator.observed import TrainerRecord, TrainerState
+from ppo_operator.observed import ReportRecord, TrainerRecord, TrainerState
 from ppo_operator.reconcile import AUDIT_AFTER_S, Children, JobGone, JobMemory, Reconciler, freshest
 
 
@@ -104,7 +105,7 @@ def test_first_reconcile_writes_status_then_creates_identity_pod_group_and_clust
     assert kube.calls == [
         ("patch", "status", "tiny"),
         ("create", "ServiceAccount", "tiny-trainer"), ("create", "Role", "tiny-trainer"),
-        ("create", "RoleBinding", "tiny-trainer"),
+        ("create", "RoleBinding", "tiny-trainer"), ("create", "ConfigMap", "tiny-progress"),
         ("create", "PodGroup", "tiny-a0"), ("create", "RayCluster", "tiny-a0"),
     ]
     assert [(e.reason, e.message) for e in events] == [
@@ -132,7 +133,30 @@ def test_a_restarted_operator_ensures_the_identity_once_more_without_a_status_wr
     # a crash: it ensures it again (answered 409 by a real API server), and writes nothing.
     asyncio.run(reconciler.reconcile(kube.body, children, JobMemory(progress_seen={})))
     assert kube.calls == [("create", "ServiceAccount", "tiny-trainer"), ("create", "Role", "tiny-trainer"),
-                          ("create", "RoleBinding", "tiny-trainer")]
+                          ("create", "RoleBinding", "tiny-trainer"), ("create", "ConfigMap", "tiny-progress")]
+
+
+def test_a_report_that_moves_the_phase_is_one_status_write_carrying_the_report():
+    status = {"phase": "CriticWarmup", "attempt": 0, "restarts": 0,
+              "children": {"rayCluster": "tiny-a0", "podGroup": "tiny-a0", "serviceAccount": "tiny-trainer"},
+              "progress": {"attempt": 0, "criticOnlyStepsDone": 1, "criticOnlySteps": 2, "step": 1}}
+    body = make_ppojob(status=status)
+    reconciler, kube, _, events = make(body, FakeLauncher(TrainerState.RUNNING))
+    ready = Children(pods=pods(0, 3), clusters=(cluster(0),), pod_groups=(pod_group(0),))
+    memory = JobMemory(progress_seen=dict(status["progress"]), identity_ready=True)
+    asyncio.run(reconciler.reconcile(kube.body, ready, memory))
+    kube.calls.clear()
+    report = {"attempt": 0, "criticOnlyStepsDone": 2, "criticOnlySteps": 2, "step": 2, "warmup": "2/2"}
+    others = ReportRecord(owner_uid="an-earlier-job-of-this-name", progress={"attempt": 0, "finished": True})
+    ours = ReportRecord(owner_uid=body["metadata"]["uid"], progress=report)
+    reported = dataclasses.replace(ready, reports=(others, ours))
+    asyncio.run(reconciler.reconcile(kube.body, reported, memory))
+    assert kube.calls == [("patch", "status", "tiny")]
+    assert kube.body["status"]["phase"] == "Training" and kube.body["status"]["progress"] == report
+    assert "CriticWarmupDone" in [e.reason for e in events]
+    kube.calls.clear()
+    asyncio.run(reconciler.reconcile(kube.body, reported, memory))  # the same report again: nothing to write
+    assert kube.calls == []
 
 
 def test_the_trainer_is_launched_once_and_the_status_follows():
@@ -280,8 +304,9 @@ def test_children_of_an_earlier_attempt_that_still_exist_are_waited_for_and_aske
 
 
 def test_the_trainers_identity_is_revoked_once_when_the_job_ends():
-    """Succeeded (or Failed): the ServiceAccount, Role and RoleBinding go at once (their tokens die with
-    them), after the status that no longer names them is stored; later passes do not delete them again."""
+    """Succeeded (or Failed): the ServiceAccount, Role, RoleBinding and progress ConfigMap go at once (the
+    tokens die with them), after the status that no longer names them is stored; later passes do not
+    delete them again."""
     status = {"phase": "Training", "attempt": 0, "restarts": 0,
               "children": {"rayCluster": "tiny-a0", "podGroup": "tiny-a0", "serviceAccount": "tiny-trainer"},
               "progress": {"attempt": 0, "finished": True, "steps": "5/5"}}
@@ -291,8 +316,8 @@ def test_the_trainers_identity_is_revoked_once_when_the_job_ends():
     asyncio.run(reconciler.reconcile(kube.body, children, memory))
     assert kube.body["status"]["phase"] == "Succeeded" and "serviceAccount" not in kube.body["status"]["children"]
     deletes = [c for c in kube.calls if c[0] == "delete"]
-    assert deletes[-3:] == [("delete", "RoleBinding", "tiny-trainer"), ("delete", "Role", "tiny-trainer"),
-                            ("delete", "ServiceAccount", "tiny-trainer")]
+    assert deletes[-4:] == [("delete", "RoleBinding", "tiny-trainer"), ("delete", "Role", "tiny-trainer"),
+                            ("delete", "ServiceAccount", "tiny-trainer"), ("delete", "ConfigMap", "tiny-progress")]
     assert kube.calls.index(("patch", "status", "tiny")) < kube.calls.index(deletes[-1])
     kube.calls.clear()
     asyncio.run(reconciler.reconcile(kube.body, Children(), memory))

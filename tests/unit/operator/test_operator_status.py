@@ -10,7 +10,7 @@ from operator_factory import NOW, cluster, make_job, make_ppojob, pod_group, pod
 from ppo_operator.decisions import Policy
 from ppo_operator.job import Job, format_time
 from ppo_operator.observed import Observed, PodRecord, TrainerRecord, TrainerState
-from ppo_operator.status import compute_status, merge_patch, operator_status, status_changed, status_patch
+from ppo_operator.status import compute_status, merge_patch, status_changed, status_patch
 
 RUNNING = TrainerRecord(TrainerState.RUNNING, "local:4242", "")
 
@@ -273,11 +273,27 @@ def test_a_new_message_keeps_the_transition_time():
     assert "b" in cond(status, "GangScheduled")["message"]
 
 
-def test_status_patch_keeps_the_trainers_progress_and_nulls_removed_keys():
-    job = make_job(status={"phase": "Pending", "reason": "Created", "progress": {"step": 1}})
-    patch = status_patch(job, {"phase": "Scheduling"})
-    assert patch == {"status": {"phase": "Scheduling", "reason": None}}
-    assert "progress" not in operator_status(job.status)
+def test_a_report_moves_the_phase_and_shows_in_the_same_status_write():
+    """The trainer's report (its ConfigMap) is folded into the status write that acts on it: one write."""
+    body = _placed(make_ppojob())
+    gang = pods(0, 3, scheduled_at=NOW, created=NOW)
+    running = Observed(clusters=(cluster(0),), pods=gang, identity_ready=True, trainer=RUNNING)
+    body = advance(body, run(body, running, NOW + timedelta(seconds=5)),
+                   progress={"criticOnlyStepsDone": 1, "criticOnlySteps": 2, "error": "an older attempt's"})
+    job = Job.from_body(body)
+    report = {"criticOnlyStepsDone": 2, "criticOnlySteps": 2, "step": 2, "heartbeatTime": format_time(NOW)}
+    status = compute_status(job.with_report(report), running, NOW + timedelta(seconds=6))
+    assert status["phase"] == "Training" and status["progress"] == report
+    assert status_patch(job, status)["status"]["progress"] == {"criticOnlyStepsDone": 2, "step": 2,
+                                                               "heartbeatTime": format_time(NOW), "error": None}
+    assert not status_changed(Job.from_body(advance(body, status)).with_report(report), status)
+    # Before the trainer's first report the status keeps what it has (e.g. an earlier version's trainer wrote it).
+    assert compute_status(job, running, NOW + timedelta(seconds=6))["progress"] == job.status["progress"]
+
+
+def test_status_patch_nulls_removed_keys():
+    job = make_job(status={"phase": "Pending", "reason": "Created"})
+    assert status_patch(job, {"phase": "Scheduling"}) == {"status": {"phase": "Scheduling", "reason": None}}
 
 
 def test_merge_patch_patches_nested_objects_key_by_key_and_replaces_lists_whole():

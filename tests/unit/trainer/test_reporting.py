@@ -1,4 +1,4 @@
-"""Reporters: the PPOJob status patch body, throttling with a fake transport, errors that never crash."""
+"""Reporters: the progress ConfigMap patch body, throttling with a fake transport, errors that never crash."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 from dataclasses import replace
 
 from ppo_trainer.reporting import CheckpointInfo, JsonLinesReporter, Progress
-from ppo_trainer.reporting_k8s import KubernetesReporter, Throttle, routine_interval, status_patch, urgency
+from ppo_trainer.reporting_k8s import KubernetesReporter, Throttle, progress_patch, routine_interval, urgency
 from ppojob_api.vocabulary import RolloutResidency, Stage, TrainResidency
 
 
@@ -26,21 +26,28 @@ def progress(**changes) -> Progress:
     return replace(base, **changes)
 
 
+def reported(body: dict) -> dict:
+    """The `status.progress` a patch of the progress ConfigMap carries."""
+    return json.loads(body["data"]["progress"])
+
+
 def reporter(clock: Clock, sent: list, **kwargs) -> KubernetesReporter:
     return KubernetesReporter(sent.append, min_interval=10, heartbeat_seconds=None, clock=clock, **kwargs)
 
 
 def test_reporting_patch_body_matches_crd_progress():
     p = progress(metrics={"rewardMean": 0.5}, last_checkpoint=CheckpointInfo(step=2, path="/c/step-2", time="t"))
-    body = status_patch(p, now="2026-01-01T00:00:00Z")
-    assert body == {"status": {"progress": {
+    body = progress_patch(p, now="2026-01-01T00:00:00Z")
+    assert list(body) == ["data"] and list(body["data"]) == ["progress"]
+    assert reported(body) == {
         "attempt": 1, "step": 3, "totalSteps": 10, "criticOnlyStepsDone": 2, "criticOnlySteps": 2,
         "steps": "3/10", "warmup": "2/2", "stage": "CriticTrain", "actor": "Offloaded", "critic": "OnDevice",
         "rollout": "Asleep", "offload": "actor=Offloaded critic=OnDevice rollout=Asleep",
         "weightSyncsSkipped": 2, "finished": False, "metrics": {"rewardMean": 0.5},
         "lastCheckpoint": {"step": 2, "path": "/c/step-2", "time": "t"},
-        "heartbeatTime": "2026-01-01T00:00:00Z", "error": None,
-    }}}
+        "heartbeatTime": "2026-01-01T00:00:00Z",
+    }
+    assert "error" not in reported(body)  # the whole value is replaced: an older attempt's error is gone
 
 
 def test_reporting_throttles_but_flushes_what_matters():
@@ -51,14 +58,14 @@ def test_reporting_throttles_but_flushes_what_matters():
     k8s.report(progress(**warming, stage=Stage.CRITIC_TRAIN))  # within the interval: held
     k8s.report(progress(step=2, critic_only_steps_done=2, stage=Stage.GENERATE))  # warm-up 2/2: sent at once
     k8s.report(progress(step=3, stage=Stage.GENERATE))  # a step after the warm-up: held
-    assert [b["status"]["progress"]["warmup"] for b in sent] == ["1/2", "2/2"]
+    assert [reported(b)["warmup"] for b in sent] == ["1/2", "2/2"]
     k8s.report(progress(step=3, stage=Stage.CHECKPOINT, last_checkpoint=CheckpointInfo(3, "/c", "t")))
-    assert sent[-1]["status"]["progress"]["stage"] == "Checkpoint"
+    assert reported(sent[-1])["stage"] == "Checkpoint"
     clock.now = 11
     k8s.report(progress(step=4, stage=Stage.GENERATE, last_checkpoint=CheckpointInfo(3, "/c", "t")))
-    assert sent[-1]["status"]["progress"]["step"] == 4  # the interval passed
+    assert reported(sent[-1])["step"] == 4  # the interval passed
     k8s.report(progress(step=10, stage=Stage.DONE, finished=True, last_checkpoint=CheckpointInfo(3, "/c", "t")))
-    assert sent[-1]["status"]["progress"]["finished"] is True and len(sent) == 5
+    assert reported(sent[-1])["finished"] is True and len(sent) == 5
 
 
 def test_reporting_urgency_names_what_the_operator_acts_on():
@@ -103,7 +110,7 @@ def test_reporting_measures_its_patches_for_the_throttle():
     assert len(sent) == 1 and k8s.throttle.interval() == 20.0
     clock.now = 20.0
     k8s.report(progress(step=5, stage=Stage.GENERATE))
-    assert [b["status"]["progress"]["step"] for b in sent] == [3, 5]
+    assert [reported(b)["step"] for b in sent] == [3, 5]
 
 
 def test_reporting_close_sends_the_held_snapshot():
@@ -112,7 +119,7 @@ def test_reporting_close_sends_the_held_snapshot():
     k8s.report(progress(stage=Stage.GENERATE))
     k8s.report(progress(stage=Stage.ACTOR_TRAIN))
     k8s.close()
-    assert [b["status"]["progress"]["stage"] for b in sent] == ["Generate", "ActorTrain"]
+    assert [reported(b)["stage"] for b in sent] == ["Generate", "ActorTrain"]
 
 
 def test_reporting_error_is_flushed():
@@ -120,7 +127,7 @@ def test_reporting_error_is_flushed():
     k8s = reporter(clock, sent)
     k8s.report(progress(stage=Stage.GENERATE))
     k8s.report(progress(stage=Stage.GENERATE, error="ValueError: boom"))
-    assert sent[-1]["status"]["progress"]["error"] == "ValueError: boom"
+    assert reported(sent[-1])["error"] == "ValueError: boom"
 
 
 def test_reporting_api_errors_never_crash_training(caplog):
@@ -144,11 +151,11 @@ def test_reporting_heartbeat_resends_when_quiet():
     k8s.report(progress(stage=Stage.GENERATE))
     time.sleep(1.3)
     k8s.close()
-    assert len(sent) >= 2 and len({b["status"]["progress"]["heartbeatTime"] for b in sent}) >= 1
+    assert len(sent) >= 2 and len({reported(b)["heartbeatTime"] for b in sent}) >= 1
 
 
 def test_reporting_from_environment_is_off_outside_a_job(monkeypatch):
-    monkeypatch.delenv("PPOJOB_NAME", raising=False)
+    monkeypatch.delenv("PPOJOB_PROGRESS_CONFIGMAP", raising=False)
     assert KubernetesReporter.from_environment() is None
 
 
