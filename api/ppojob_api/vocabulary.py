@@ -108,6 +108,7 @@ class Reason(str, enum.Enum):
     TTL_EXPIRED = "TTLExpired"
     CLUSTER_DELETED = "ClusterDeleted"
     RECONCILE_ERROR = "ReconcileError"
+    REPORT_REFUSED = "ReportRefused"
 
 
 class RewardType(str, enum.Enum):

@@ -19,7 +19,7 @@ NORMAL, WARNING = "Normal", "Warning"
 
 WARNING_REASONS = {
     Reason.INVALID_SPEC, Reason.GANG_TIMEOUT, Reason.POD_LOST, Reason.TRAINER_LOST, Reason.TRAINER_FAILED,
-    Reason.BACKOFF_LIMIT_EXCEEDED, Reason.DEADLINE_EXCEEDED, Reason.RECONCILE_ERROR,
+    Reason.BACKOFF_LIMIT_EXCEEDED, Reason.DEADLINE_EXCEEDED, Reason.RECONCILE_ERROR, Reason.REPORT_REFUSED,
 }
 # Condition flips worth an Event of their own (the phase events cover the rest).
 STORY_CONDITIONS = (ConditionType.GANG_SCHEDULED, ConditionType.CLUSTER_READY, ConditionType.TRAINER_RUNNING)
@@ -67,14 +67,24 @@ def compute_progress_events(old: Mapping[str, Any], new: Mapping[str, Any]) -> l
     return events
 
 
+def compute_refused_report_event(reply: str) -> Event:
+    """The trainer's latest report cannot be stored in the status (422): it is left out until the next."""
+    return _event(Reason.REPORT_REFUSED.value, f"the trainer's latest report was left out of the status: the API server "
+                  f"refuses it ({_server_words(reply)}); is the trainer's version the operator's?")
+
+
+def _server_words(reply: str) -> str:
+    try:
+        return json.loads(reply).get("message") or reply
+    except (ValueError, AttributeError):
+        return reply
+
+
 def compute_refused_status_event(status: Mapping[str, Any], reply: str) -> Event:
     """The API server refused our status patch (422): the stored object breaks the CRD's schema (it was
     written past validation, or stored under an older schema) and no status of it can be saved. So an
     Event says what the status would have said, with the server's own words."""
-    try:
-        words = json.loads(reply).get("message") or reply
-    except (ValueError, AttributeError):
-        words = reply
+    words = _server_words(reply)
     failed = status.get("phase") == Phase.FAILED.value and status.get("reason")
     reason = status["reason"] if failed else Reason.INVALID_SPEC.value
     what = f"{status.get('message')}; " if failed else ""

@@ -23,7 +23,13 @@ from ppo_operator import names
 from ppo_operator.builders.common import BuildOptions
 from ppo_operator.builders.rbac import build_progress_configmap, build_role, build_role_binding, build_service_account
 from ppo_operator.decisions import Policy
-from ppo_operator.events import Event, compute_events, compute_progress_events, compute_refused_status_event
+from ppo_operator.events import (
+    Event,
+    compute_events,
+    compute_progress_events,
+    compute_refused_report_event,
+    compute_refused_status_event,
+)
 from ppo_operator.gang import GroupResource
 from ppo_operator.job import Job
 from ppo_operator.kube import PLURALS, PPOJOBS, Kube, KubeError, resource_of
@@ -73,6 +79,8 @@ class JobMemory:
     progress_seen: Mapping[str, Any] | None = None
     refused_generation: int | None = None
     """The generation whose status the API server refused to store (told once in an Event)."""
+    refused_report: Mapping[str, Any] | None = None
+    """The trainer's report the API server refused to store in the status: ignored until the next one."""
     unseen: dict[tuple[str, str, str], datetime] = dataclasses.field(default_factory=dict)
     """Our creates and deletes of children that the watches have not shown yet: ("create" or
     "delete", kind, name) -> when. A reconcile that runs before the watch has delivered them (a
@@ -149,7 +157,8 @@ class Reconciler:
     async def reconcile(self, body: Mapping[str, Any], children: Children, memory: JobMemory) -> float | None:
         """One pass; returns the seconds until a deadline needs another pass (None: only on events)."""
         job = Job.from_body(freshest(body, memory.last_written))
-        job = job.with_report(report_of(children.reports, job.uid))
+        report = report_of(children.reports, job.uid)
+        job = job.with_report(None if report == memory.refused_report else report)
         if job.deleting:
             return None
         spec, _ = job.parse()
@@ -168,6 +177,9 @@ class Reconciler:
                     raise JobGone(f"{job.namespace}/{job.name}") from exc
                 if exc.status != 422:
                     raise
+                if job.report is not None and job.report != job.status.get("progress"):
+                    self.refuse_report(job, exc.body, memory)
+                    return 0.0  # again at once, as if the trainer had not reported it
                 self.tell_refused(job, status, exc.body, memory)
                 return None  # act on no decision that cannot be recorded; a change of the object retries
         self.tell(job, status, memory)
@@ -233,6 +245,12 @@ class Reconciler:
         if memory.refused_generation != job.generation:
             memory.refused_generation = job.generation
             self.post_event(job, compute_refused_status_event(status, reply))
+
+    def refuse_report(self, job: Job, reply: str, memory: JobMemory) -> None:
+        """The trainer's report breaks the CRD's schema (a trainer of another version, or a bug): it is
+        left out of the status, not allowed to stop the operator's own writes, and told in a Warning."""
+        memory.refused_report = job.report
+        self.post_event(job, compute_refused_report_event(reply))
 
     def tell(self, job: Job, status: Mapping[str, Any], memory: JobMemory) -> None:
         events = compute_events(operator_status(job.status), status)

@@ -159,6 +159,43 @@ def test_a_report_that_moves_the_phase_is_one_status_write_carrying_the_report()
     assert kube.calls == []
 
 
+def test_a_report_the_schema_refuses_is_left_out_and_does_not_stop_the_operators_own_writes():
+    status = {"phase": "Training", "attempt": 0, "restarts": 0,
+              "children": {"rayCluster": "tiny-a0", "podGroup": "tiny-a0", "serviceAccount": "tiny-trainer"},
+              "progress": {"attempt": 0, "criticOnlyStepsDone": 2, "criticOnlySteps": 2, "step": 3, "stage": "Generate"}}
+    body = make_ppojob(status=status)
+    launcher = FakeLauncher(TrainerState.RUNNING)
+    reconciler, kube, _, events = make(body, launcher)
+    stored = kube.patch_status
+
+    async def schema(resource, namespace, name, patch):
+        if (patch["status"].get("progress") or {}).get("stage") == "Failed":  # not a stage the CRD knows
+            kube.calls.append(("refused", "status", name))
+            raise KubeError(422, "Unprocessable Entity", '{"message": "status.progress.stage: Unsupported value"}')
+        return await stored(resource, namespace, name, patch)
+
+    kube.patch_status = schema
+    ready = Children(pods=pods(0, 3), clusters=(cluster(0),), pod_groups=(pod_group(0),))
+    memory = JobMemory(progress_seen=dict(status["progress"]), identity_ready=True)
+    bad = {**status["progress"], "step": 4, "stage": "Failed", "error": "lost a node"}
+    reported = dataclasses.replace(ready, reports=(ReportRecord(owner_uid=body["metadata"]["uid"], progress=bad),))
+    assert asyncio.run(reconciler.reconcile(kube.body, reported, memory)) == 0.0  # again at once, without it
+    assert [(e.type, e.reason) for e in events] == [("Warning", "ReportRefused")]
+    assert "Unsupported value" in events[0].message
+    asyncio.run(reconciler.reconcile(kube.body, reported, memory))  # the operator's own status is stored
+    assert kube.calls[-1][:2] == ("patch", "status") and kube.body["status"]["progress"]["stage"] == "Generate"
+    launcher.record = TrainerRecord(TrainerState.FAILED, "local:1", "the trainer exited with code 1")
+    asyncio.run(reconciler.reconcile(kube.body, reported, memory))  # and so is its next decision
+    assert kube.calls[-1][:2] != ("refused", "status") and kube.body["status"]["phase"] != "Training"
+    assert "exited with code 1" in kube.body["status"]["message"]
+    assert kube.body["status"]["progress"]["stage"] == "Generate"
+    fixed = {**bad, "stage": "Generate"}  # the next report is folded again
+    reported = dataclasses.replace(ready, reports=(ReportRecord(owner_uid=body["metadata"]["uid"], progress=fixed),))
+    asyncio.run(reconciler.reconcile(kube.body, reported, memory))
+    assert kube.body["status"]["progress"]["step"] == 4
+    assert [e.reason for e in events].count("ReportRefused") == 1
+
+
 def test_the_trainer_is_launched_once_and_the_status_follows():
     body = make_ppojob()
     reconciler, kube, launcher, _ = make(body)
