@@ -42,7 +42,7 @@ from operator_scale_standin import STANDIN_COMMAND
 
 from local_cluster import LocalCluster
 from local_cluster import manifests as cluster_manifests
-from ppo_trainer.reporting_k8s import MIN_INTERVAL_S, SLOWDOWN
+from ppojob_api.progress import MIN_INTERVAL_S, SLOWDOWN
 
 ROOT = Path(__file__).resolve().parents[1]
 CRD = ROOT / "crds" / "ppojobs.ppojob.io.yaml"

@@ -35,7 +35,8 @@ import aiohttp
 import yaml
 
 from ppo_trainer.reporting import Progress, utc_now
-from ppo_trainer.reporting_k8s import MIN_INTERVAL_S, SLOWDOWN, Throttle, progress_patch
+from ppo_trainer.reporting_k8s import Throttle, progress_patch
+from ppojob_api.progress import MIN_INTERVAL_S, SLOWDOWN
 from ppojob_api.vocabulary import Stage, TrainResidency
 
 MERGE_PATCH = "application/merge-patch+json"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -44,7 +45,8 @@ from ppo_operator.observed import (
     report_of,
 )
 from ppo_operator.plan import RAYCLUSTERS, Plan, next_wakeup, plan_actions, pod_group_resource_of
-from ppo_operator.status import compute_status, operator_status, status_changed, status_patch
+from ppo_operator.status import compute_status, hold_routine_progress, operator_status, status_changed, status_patch
+from ppojob_api.progress import MIN_INTERVAL_S, routine_interval
 from ppojob_api.spec import PPOJobSpec
 from ppojob_api.vocabulary import LABEL_JOB_NAME, Reason
 
@@ -79,6 +81,8 @@ class JobMemory:
     progress_seen: Mapping[str, Any] | None = None
     refused_generation: int | None = None
     """The generation whose status the API server refused to store (told once in an Event)."""
+    folded_at: datetime | None = None
+    """When the trainer's report was last folded into the status (with any status write of this loop)."""
     refused_report: Mapping[str, Any] | None = None
     """The trainer's report the API server refused to store in the status: ignored until the next one."""
     unseen: dict[tuple[str, str, str], datetime] = dataclasses.field(default_factory=dict)
@@ -153,6 +157,8 @@ class Reconciler:
     ):
         self.kube, self.launcher, self.policy, self.options = kube, launcher, policy, options
         self.post_event, self.pause_after_pod_group_s, self.clock = post_event, pause_after_pod_group_s, clock
+        self.last_write_s = 0.0
+        """How long the last status write took (any job's): it stretches `fold_interval`."""
 
     async def reconcile(self, body: Mapping[str, Any], children: Children, memory: JobMemory) -> float | None:
         """One pass; returns the seconds until a deadline needs another pass (None: only on events)."""
@@ -168,10 +174,13 @@ class Reconciler:
         if await self.audit(job, observed, memory, now):
             return 0.0  # phantoms dropped: again, on what really exists
         settle(memory, children, now)
-        status = compute_status(job, observed, now, policy=self.policy)
+        status, held_s = hold_routine_progress(job, compute_status(job, observed, now, policy=self.policy),
+                                               folded_at=memory.folded_at, now=now, interval_s=self.fold_interval())
         if status_changed(job, status):
             try:
+                started = time.monotonic()
                 memory.last_written = await self.kube.patch_status(PPOJOBS, job.namespace, job.name, status_patch(job, status))
+                memory.folded_at, self.last_write_s = now, time.monotonic() - started
             except KubeError as exc:
                 if exc.status == 404:
                     raise JobGone(f"{job.namespace}/{job.name}") from exc
@@ -192,7 +201,14 @@ class Reconciler:
             wakeup = min(wakeup if wakeup is not None else self.launcher.poll_seconds, self.launcher.poll_seconds)
         if memory.lingering_since is not None:  # the audit is due even if no event comes
             wakeup = min(wakeup if wakeup is not None else AUDIT_AFTER_S, AUDIT_AFTER_S)
+        if held_s is not None:  # the held report is folded then, unless a write comes first
+            wakeup = min(wakeup if wakeup is not None else held_s, held_s)
         return wakeup
+
+    def fold_interval(self) -> float:
+        """How long a routine report may be held back: as the trainer's throttle, stretched by how
+        long this operator's last status write took (a slow API server is a loaded one)."""
+        return routine_interval(MIN_INTERVAL_S, self.last_write_s)
 
     async def audit(self, job: Job, observed: Observed, memory: JobMemory, now: datetime) -> bool:
         """Children of earlier attempts that linger AUDIT_AFTER_S (and every AUDIT_AFTER_S after)

@@ -28,6 +28,7 @@ from ppo_operator.decisions import (
 )
 from ppo_operator.job import Job, format_time, parse_time
 from ppo_operator.observed import Observed, TrainerState
+from ppojob_api.progress import urgency
 from ppojob_api.spec import PPOJobSpec
 from ppojob_api.vocabulary import ConditionType, Phase, Reason
 
@@ -239,6 +240,24 @@ def _training_phase(draft: _Draft, spec: PPOJobSpec, job: Job) -> dict[str, Any]
 
 def status_changed(job: Job, new: Mapping[str, Any]) -> bool:
     return operator_status(job.status) != dict(new)
+
+
+def hold_routine_progress(
+    job: Job, new: dict[str, Any], *, folded_at: datetime | None, now: datetime, interval_s: float
+) -> tuple[dict[str, Any], float | None]:
+    """The status to write, and the seconds until the trainer's report it holds back may be folded
+    (None: nothing held). A report is folded at once when it is urgent (`ppojob_api.progress`: what
+    the operator acts on or tells), when the status is written anyway, or when `interval_s` has passed
+    since the last fold; a routine one (a step, a stage, a heartbeat) waits, as the trainer's own
+    throttle waits, so that 500 trainers' steps are not 500 PPOJob writes each."""
+    stored, reported = job.status.get("progress") or {}, new.get("progress")
+    if reported is None or reported == stored or urgency(stored, reported) is not None:
+        return new, None
+    held = {**new, "progress": stored} if stored else {k: v for k, v in new.items() if k != "progress"}
+    wait = 0.0 if folded_at is None else interval_s - (now - folded_at).total_seconds()
+    if wait <= 0 or status_changed(job, held):
+        return new, None
+    return held, wait
 
 
 def status_patch(job: Job, new: Mapping[str, Any]) -> dict[str, Any]:

@@ -5,13 +5,12 @@ ServiceAccount patch it and nothing else, watches it, and folds each report into
 status in the write it makes anyway: a report that moves the phase costs one PPOJob write, not
 two, and a ConfigMap write costs the API server a fraction of a PPOJob write (docs/scale.md).
 
-Throttled (`Throttle`): the changes that matter (a critic-only warm-up step is done, a checkpoint
-is written, the run finishes or fails) are sent at once; any other snapshot waits until
-`min_interval` seconds have passed since the last one sent, and longer while the API server is
-slow: the wait is at least SLOWDOWN times as long as the last patch took (at most
-MAX_INTERVAL_S, the heartbeat's period). A slow API server is a loaded one, and at hundreds of jobs
-the trainers' routine writes are its largest load (docs/scale.md); `kubectl get` shows the step
-that much later instead. A held snapshot is sent by the next report that is due, by the heartbeat
+Throttled (`Throttle`, by the rule of `ppojob_api.progress` that the operator's folding follows
+too): the changes that matter (a critic-only warm-up step is done, a checkpoint is written, the run
+finishes or fails) are sent at once; any other snapshot waits until `min_interval` seconds have
+passed since the last one sent, and longer while the API server is slow (at most MAX_INTERVAL_S,
+the heartbeat's period). A slow API server is a loaded one, and at hundreds of jobs the trainers'
+routine writes are a large part of its load (docs/scale.md). A held snapshot is sent by the next report that is due, by the heartbeat
 thread, or on close.
 The heartbeat re-sends the latest snapshot with a fresh `heartbeatTime` when nothing was sent for
 `heartbeat_seconds`, so the operator can tell a live trainer in a long stage from a dead one.
@@ -31,46 +30,18 @@ from collections.abc import Callable
 from typing import Any
 
 from ppo_trainer.reporting import Progress, utc_now
+from ppojob_api.progress import MAX_INTERVAL_S, MIN_INTERVAL_S, SLOWDOWN, routine_interval, urgency
 from ppojob_api.vocabulary import ENV_PROGRESS_CONFIGMAP, PROGRESS_KEY
 
 log = logging.getLogger(__name__)
 
 Patch = Callable[[dict[str, Any]], None]
-MIN_INTERVAL_S = 10.0
-"""The least time between two snapshots that are not urgent."""
-MAX_INTERVAL_S = 30.0
-"""The most a routine snapshot is held back: the heartbeat's period."""
-SLOWDOWN = 50.0
-"""A routine snapshot waits at least this many times as long as the last patch took: with the API
-server answering in 0.2 s or less the interval stays `min_interval`; at 0.6 s it is the maximum."""
 
 
 def progress_patch(progress: Progress, *, now: str) -> dict[str, Any]:
     """The merge-patch body for the progress ConfigMap: the whole `status.progress` as one JSON value
     (so a key left out, such as an older attempt's error, is gone)."""
     return {"data": {PROGRESS_KEY: json.dumps({**progress.to_status(), "heartbeatTime": now}, sort_keys=True)}}
-
-
-def urgency(previous: Progress | None, current: Progress) -> str | None:
-    """Why this snapshot must go out now (its reason), or None when it may wait for the interval.
-    Each urgent change is one the operator acts on or tells as an Event: the warm-up count moves
-    the job to Training at N of N."""
-    if previous is None:
-        return "first report"
-    if current.error is not None and current.error != previous.error:
-        return "error"
-    if current.finished and not previous.finished:
-        return "finished"
-    if current.last_checkpoint != previous.last_checkpoint:
-        return "checkpoint"
-    if current.critic_only_steps_done != previous.critic_only_steps_done:
-        return "warm-up step"
-    return None
-
-
-def routine_interval(min_interval: float, last_patch_s: float, slowdown: float = SLOWDOWN) -> float:
-    """Seconds between two routine snapshots: `min_interval`, stretched while the API server is slow."""
-    return min(max(MAX_INTERVAL_S, min_interval), max(min_interval, slowdown * last_patch_s))
 
 
 class Throttle:
@@ -86,7 +57,8 @@ class Throttle:
         return routine_interval(self.min_interval, self.last_patch_s, self.slowdown)
 
     def due(self, current: Progress, now: float) -> bool:
-        if urgency(self.last_sent, current) is not None or self.sent_at is None:
+        previous = None if self.last_sent is None else self.last_sent.to_status()
+        if self.sent_at is None or urgency(previous, current.to_status()) is not None:
             return True
         return now - self.sent_at >= self.interval()
 

@@ -159,6 +159,38 @@ def test_a_report_that_moves_the_phase_is_one_status_write_carrying_the_report()
     assert kube.calls == []
 
 
+def test_a_routine_report_waits_for_the_fold_interval_and_is_folded_then_without_another_event():
+    progress = {"attempt": 0, "criticOnlyStepsDone": 2, "criticOnlySteps": 2, "step": 2, "stage": "Generate"}
+    status = {"phase": "Training", "attempt": 0, "restarts": 0,
+              "children": {"rayCluster": "tiny-a0", "podGroup": "tiny-a0", "serviceAccount": "tiny-trainer"},
+              "progress": progress}
+    body = make_ppojob(status=status)
+    reconciler, kube, _, _ = make(body, FakeLauncher(TrainerState.RUNNING))
+    ready = Children(pods=pods(0, 3), clusters=(cluster(0),), pod_groups=(pod_group(0),))
+    memory = JobMemory(progress_seen=dict(progress), identity_ready=True)
+
+    def report(progress):
+        return dataclasses.replace(ready, reports=(ReportRecord(owner_uid=body["metadata"]["uid"], progress=progress),))
+
+    asyncio.run(reconciler.reconcile(kube.body, report(progress), memory))  # a fresh loop settles what it finds
+    folded_at = memory.folded_at
+    kube.calls.clear()
+    routine = {**progress, "step": 3, "stage": "ActorTrain"}
+    reconciler.clock = lambda: NOW + timedelta(seconds=4)
+    wakeup = asyncio.run(reconciler.reconcile(kube.body, report(routine), memory))
+    assert kube.calls == [] and kube.body["status"]["progress"]["step"] == 2  # held
+    assert folded_at == NOW and 0 < wakeup <= reconciler.fold_interval() - 4
+    reconciler.clock = lambda: NOW + timedelta(seconds=10)
+    asyncio.run(reconciler.reconcile(kube.body, report(routine), memory))
+    assert kube.calls == [("patch", "status", "tiny")] and kube.body["status"]["progress"] == routine
+    kube.calls.clear()
+    done = {**routine, "step": 4, "finished": True}  # what the operator acts on goes at once
+    reconciler.clock = lambda: NOW + timedelta(seconds=11)
+    asyncio.run(reconciler.reconcile(kube.body, report(done), memory))
+    assert kube.calls[0] == ("patch", "status", "tiny") and kube.body["status"]["phase"] == "Succeeded"
+    assert kube.body["status"]["progress"] == done
+
+
 def test_a_report_the_schema_refuses_is_left_out_and_does_not_stop_the_operators_own_writes():
     status = {"phase": "Training", "attempt": 0, "restarts": 0,
               "children": {"rayCluster": "tiny-a0", "podGroup": "tiny-a0", "serviceAccount": "tiny-trainer"},

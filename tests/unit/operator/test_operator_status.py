@@ -10,7 +10,14 @@ from operator_factory import NOW, cluster, make_job, make_ppojob, pod_group, pod
 from ppo_operator.decisions import Policy
 from ppo_operator.job import Job, format_time
 from ppo_operator.observed import Observed, PodRecord, TrainerRecord, TrainerState
-from ppo_operator.status import compute_status, merge_patch, status_changed, status_patch
+from ppo_operator.status import (
+    compute_status,
+    hold_routine_progress,
+    merge_patch,
+    operator_status,
+    status_changed,
+    status_patch,
+)
 
 RUNNING = TrainerRecord(TrainerState.RUNNING, "local:4242", "")
 
@@ -302,3 +309,31 @@ def test_merge_patch_patches_nested_objects_key_by_key_and_replaces_lists_whole(
     assert merge_patch(old, new) == {"gone": None, "children": {"rayCluster": "b", "serviceAccount": None},
                                      "conditions": [{"type": "B"}], "added": {"x": 1}}
     assert merge_patch(new, new) == {}
+
+
+def test_a_routine_report_is_held_back_until_the_interval_passes_or_a_write_carries_it():
+    stored = {"attempt": 0, "criticOnlyStepsDone": 2, "step": 3, "stage": "Generate"}
+    job = make_job(status={"phase": "Training", "reason": "Training", "progress": stored})
+    folded_at = NOW - timedelta(seconds=4)
+    routine = {**stored, "step": 4, "stage": "ActorTrain"}
+
+    def hold(new, now=NOW, folded=folded_at):
+        return hold_routine_progress(job, new, folded_at=folded, now=now, interval_s=10.0)
+
+    unchanged = operator_status(job.status)
+    held, wait = hold({**unchanged, "progress": routine})
+    assert held == unchanged and wait == 6.0  # nothing to write now; folded in 6 s
+    assert hold({**unchanged, "progress": routine}, now=NOW + timedelta(seconds=6)) == ({**unchanged, "progress": routine}, None)
+    assert hold({**unchanged, "progress": routine}, folded=None)[1] is None  # a fresh loop folds at once
+    moved = {**unchanged, "phase": "Failed", "progress": routine}
+    assert hold(moved) == (moved, None)  # written anyway: the report rides along
+    for urgent in ({**routine, "finished": True}, {**routine, "lastCheckpoint": {"step": 4, "path": "/c"}},
+                   {**routine, "error": "boom"}, {**routine, "attempt": 1}):
+        assert hold({**unchanged, "progress": urgent}) == ({**unchanged, "progress": urgent}, None)
+    assert hold(unchanged) == (unchanged, None)  # no report (yet): nothing to hold
+
+
+def test_the_first_report_is_never_held():
+    job = make_job(status={"phase": "Initializing", "reason": "TrainerStarted"})
+    new = {**operator_status(job.status), "progress": {"attempt": 0, "step": 0}}
+    assert hold_routine_progress(job, new, folded_at=NOW, now=NOW, interval_s=10.0) == (new, None)

@@ -7,7 +7,7 @@ import json
 from dataclasses import replace
 
 from ppo_trainer.reporting import CheckpointInfo, JsonLinesReporter, Progress
-from ppo_trainer.reporting_k8s import KubernetesReporter, Throttle, progress_patch, routine_interval, urgency
+from ppo_trainer.reporting_k8s import KubernetesReporter, Throttle, progress_patch
 from ppojob_api.vocabulary import RolloutResidency, Stage, TrainResidency
 
 
@@ -68,27 +68,17 @@ def test_reporting_throttles_but_flushes_what_matters():
     assert reported(sent[-1])["finished"] is True and len(sent) == 5
 
 
-def test_reporting_urgency_names_what_the_operator_acts_on():
+def test_reporting_throttle_sends_what_the_operator_acts_on_at_once():
     base = progress(stage=Stage.GENERATE)
-    assert urgency(None, base) == "first report"
-    assert urgency(base, replace(base, step=4)) is None  # a routine step waits for the interval
-    assert urgency(base, replace(base, stage=Stage.ACTOR_TRAIN)) is None
-    assert urgency(base, replace(base, critic_only_steps_done=1)) == "warm-up step"
-    assert urgency(base, replace(base, error="boom")) == "error"
-    assert urgency(base, replace(base, finished=True)) == "finished"
     throttle = Throttle(10.0)
+    assert throttle.due(base, 0.0) is True  # the first report
     throttle.sent(base, 0.0, 0.05)
     assert throttle.due(replace(base, step=4), 9.9) is False
     assert throttle.due(replace(base, step=4), 10.0) is True
     assert throttle.due(replace(base, critic_only_steps_done=1), 0.1) is True
 
 
-def test_reporting_routine_interval_stretches_while_the_api_server_is_slow():
-    assert routine_interval(10.0, 0.01) == 10.0  # a quick API server: the interval as set
-    assert routine_interval(10.0, 0.4) == 20.0  # 50 times the last patch's time
-    assert routine_interval(10.0, 5.0) == 30.0  # never past the heartbeat's period
-    assert routine_interval(60.0, 5.0) == 60.0  # an interval set longer than that stays
-    assert routine_interval(10.0, 5.0, slowdown=0.0) == 10.0  # off
+def test_reporting_throttle_waits_longer_while_the_api_server_is_slow():
     throttle = Throttle(10.0)
     throttle.sent(progress(stage=Stage.GENERATE), 0.0, 0.4)
     assert throttle.due(progress(step=4, stage=Stage.GENERATE), 15.0) is False
