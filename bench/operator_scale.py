@@ -503,7 +503,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--control-plane-nice", type=int, default=CONTROL_PLANE_NICE,
                    help="the API server's and etcd's nice during the phases (their own machines, in a real cluster; 0: as started)")
     p.add_argument("--kinds", default="ppojob,rayjob", help="the sides to run (a profiling run may want ppojob alone)")
-    p.add_argument("--operator-args", default="", help="more ppo-operator flags, e.g. '--api-workers 64' (A/B runs)")
+    p.add_argument("--operator-args", default="", help="more ppo-operator flags, e.g. '--api-connections 16' (A/B runs)")
     p.add_argument("--profile", action="store_true",
                    help="sample ppo-operator with py-spy over the phase (collapsed stacks in operator-profile.txt)")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "operator_scale")

@@ -223,8 +223,12 @@ class LocalLauncher:
         return True
 
     async def forget(self, job: Job) -> None:
-        await self.stop_others(job, None)
-        shutil.rmtree(self.job_dir(job), ignore_errors=True)
+        self._drop(self.job_dir(job))
+
+    def _drop(self, folder: Path) -> None:
+        """Every trainer of the job's folder killed, then the folder removed."""
+        self._stop_attempts(folder, None)
+        shutil.rmtree(folder, ignore_errors=True)
 
     async def sweep(self) -> list[str]:
         """The folders (<namespace>/<name>-<uid>) of jobs that no longer exist: their trainers
@@ -238,7 +242,6 @@ class LocalLauncher:
                 continue
             for job_dir in sorted(p for p in namespace_dir.iterdir() if p.is_dir()):
                 if job_dir.name[-UID_LENGTH:] not in live:
-                    self._stop_attempts(job_dir, None)
-                    shutil.rmtree(job_dir, ignore_errors=True)
+                    self._drop(job_dir)
                     dropped.append(f"{namespace_dir.name}/{job_dir.name}")
         return dropped
