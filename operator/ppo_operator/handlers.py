@@ -3,8 +3,8 @@
 Watches (server-side filtered by the label ppojob.io/job-name): pods, RayClusters, each enabled
 scheduler's pod groups and the trainers' progress ConfigMaps go into in-memory indices keyed by
 (namespace, job); any event on them, or on the PPOJob itself, wakes that job's loop, which runs
-`Reconciler.reconcile` (at once for a report or the job's own event; a child's burst settles first). A loop sleeps until woken or until its next deadline: no polling of the
-API server.
+`Reconciler.reconcile` (at once for a report or the job's own event; a child's burst settles
+first). A loop sleeps until woken or until its next deadline: no polling of the API server.
 
 Each job's loop is an asyncio task of ours (`Jobs`), started by the job's first watch event and
 stopped by its deletion, not a kopf daemon: kopf puts a finalizer on every object that has a

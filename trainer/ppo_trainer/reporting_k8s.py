@@ -10,8 +10,8 @@ too): the changes that matter (a critic-only warm-up step is done, a checkpoint 
 finishes or fails) are sent at once; any other snapshot waits until `min_interval` seconds have
 passed since the last one sent, and longer while the API server is slow (at most MAX_INTERVAL_S,
 the heartbeat's period). A slow API server is a loaded one, and at hundreds of jobs the trainers'
-routine writes are a large part of its load (docs/scale.md). A held snapshot is sent by the next report that is due, by the heartbeat
-thread, or on close.
+routine writes are a large part of its load (docs/scale.md). A held snapshot is sent by the next
+report that is due, by the heartbeat thread, or on close.
 The heartbeat re-sends the latest snapshot with a fresh `heartbeatTime` when nothing was sent for
 `heartbeat_seconds`, so the operator can tell a live trainer in a long stage from a dead one.
 It never crashes training: API errors are logged and counted, and the run goes on. The

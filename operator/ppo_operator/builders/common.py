@@ -13,7 +13,7 @@ from ppo_operator import names
 from ppo_operator.gang import Gang
 from ppo_operator.job import Job
 from ppojob_api.spec import PPOJobSpec
-from ppojob_api.vocabulary import Placement
+from ppojob_api.vocabulary import ENV_PROGRESS_CONFIGMAP, Placement
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,3 +62,13 @@ def gang_of(job: Job, spec: PPOJobSpec, attempt: int) -> Gang:
         min_member=1 + spec.resources.nodes + rollout.pods,
         gpus=spec.resources.total_gpus + rollout.pods * rollout.gpus_per_pod,
     )
+
+
+def trainer_env(job: Job, attempt: int) -> dict[str, str]:
+    """What the trainer reads of its job from the environment, wherever it is launched."""
+    return {
+        "PPOJOB_NAME": job.name,
+        "PPOJOB_NAMESPACE": job.namespace,
+        "PPOJOB_ATTEMPT": str(attempt),
+        ENV_PROGRESS_CONFIGMAP: names.progress_configmap_name(job.name),
+    }

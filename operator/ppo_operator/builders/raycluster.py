@@ -12,11 +12,11 @@ from __future__ import annotations
 from typing import Any
 
 from ppo_operator import names
-from ppo_operator.builders.common import BuildOptions, child_metadata, gang_of, rollout_shape
+from ppo_operator.builders.common import BuildOptions, child_metadata, gang_of, rollout_shape, trainer_env
 from ppo_operator.gang import Gang, GangBackend
 from ppo_operator.job import Job
 from ppojob_api.spec import PPOJobSpec
-from ppojob_api.vocabulary import ENV_PROGRESS_CONFIGMAP, LABEL_ROLE
+from ppojob_api.vocabulary import LABEL_ROLE
 
 GPU = "nvidia.com/gpu"
 SHM_VOLUME = "dshm"
@@ -30,13 +30,8 @@ def _resources(cpu: str, memory: str, gpus: int) -> dict[str, Any]:
     return {"requests": dict(amounts), "limits": dict(amounts)}
 
 
-def _env(job: Job, spec: PPOJobSpec, attempt: int) -> list[dict[str, Any]]:
-    return [
-        {"name": "PPOJOB_NAME", "value": job.name},
-        {"name": "PPOJOB_NAMESPACE", "value": job.namespace},
-        {"name": "PPOJOB_ATTEMPT", "value": str(attempt)},
-        {"name": ENV_PROGRESS_CONFIGMAP, "value": names.progress_configmap_name(job.name)},
-    ]
+def _env(job: Job, attempt: int) -> list[dict[str, Any]]:
+    return [{"name": name, "value": value} for name, value in trainer_env(job, attempt).items()]
 
 
 def _pod_template(
@@ -57,7 +52,7 @@ def _pod_template(
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
         "resources": resources,
-        "env": _env(job, spec, attempt),
+        "env": _env(job, attempt),
         "volumeMounts": mounts,
     }
     if spec.env_from_secret:

@@ -32,13 +32,12 @@ from pathlib import Path
 import yaml
 
 from ppo_operator import names
-from ppo_operator.builders.common import BuildOptions
+from ppo_operator.builders.common import BuildOptions, trainer_env
 from ppo_operator.builders.rbac import build_kubeconfig, build_token_request
 from ppo_operator.builders.submission import trainer_args, trainer_manifest
 from ppo_operator.job import Job
 from ppo_operator.kube import PPOJOBS, Kube, KubeError
 from ppo_operator.observed import TrainerRecord, TrainerState
-from ppojob_api.vocabulary import ENV_PROGRESS_CONFIGMAP
 
 # $$ is the wrapper (the session leader); field 22 of its stat is its start time (comm "sh" has no spaces).
 WRAPPER = (
@@ -190,8 +189,7 @@ class LocalLauncher:
         env = {
             **{k: v for k, v in os.environ.items() if k not in ("KUBECONFIG",)},
             "KUBECONFIG": str(folder / "kubeconfig"),
-            "PPOJOB_NAME": job.name, "PPOJOB_NAMESPACE": job.namespace, "PPOJOB_ATTEMPT": str(attempt),
-            ENV_PROGRESS_CONFIGMAP: names.progress_configmap_name(job.name),
+            **trainer_env(job, attempt),
         }
         return args, env
 
