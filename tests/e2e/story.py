@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-dir", type=Path, default=REPO / "runs" / "demo")
     parser.add_argument("--keep", action="store_true", help="keep the release and the job for looking around")
     args = parser.parse_args(argv)
-    cluster = LocalCluster.running() or LocalCluster.start(out=print)
+    cluster = LocalCluster.running() or LocalCluster.start(out=sys.stdout)
     story = Story(cluster=cluster, work_dir=args.work_dir)
     try:
         status = story.run(clean_up=not args.keep)
