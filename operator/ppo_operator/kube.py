@@ -1,7 +1,8 @@
 """The operator's writes to the Kubernetes API: idempotent ensure/delete steps and the status patch.
 
 Reads come from kopf's watch-fed indices, never from here (except the one-off reference check of
-a volume claim or secret, and the phantom audit: `list_uids`). `ensure_created` treats 409 AlreadyExists as success and `ensure_deleted`
+a volume claim or secret, the Ray token a launcher reads once per job, and the phantom audit:
+`list_uids`). `ensure_created` treats 409 AlreadyExists as success and `ensure_deleted`
 treats 404 NotFound as success, so each step can be repeated after a crash. Requests are made
 with aiohttp on the operator's event loop (the `kubernetes` client only finds the credentials,
 as kopf's login does); every request is counted by verb and resource (`Kube.counts`) for the
@@ -30,6 +31,7 @@ log = logging.getLogger(__name__)
 
 MERGE_PATCH = "application/merge-patch+json"
 PPOJOBS = GroupResource(GROUP, VERSION, PLURAL, KIND)
+SECRETS = GroupResource("", "v1", "secrets", "Secret")
 
 
 class KubeError(RuntimeError):
@@ -63,6 +65,7 @@ def resource_of(manifest: Mapping[str, Any], plural: str) -> GroupResource:
 PLURALS = {
     "ServiceAccount": "serviceaccounts", "Role": "roles", "RoleBinding": "rolebindings",
     "RayCluster": "rayclusters", "PodGroup": "podgroups", "ConfigMap": "configmaps",
+    "Secret": "secrets", "NetworkPolicy": "networkpolicies",
 }
 
 
@@ -150,9 +153,12 @@ class Kube:
                 return False
             raise
 
+    async def get(self, resource: GroupResource, namespace: str, name: str) -> dict:
+        return await self.request("GET", resource_path(resource, namespace, name))
+
     async def exists(self, resource: GroupResource, namespace: str, name: str) -> bool:
         try:
-            await self.request("GET", resource_path(resource, namespace, name))
+            await self.get(resource, namespace, name)
             return True
         except KubeError as exc:
             if exc.status == 404:

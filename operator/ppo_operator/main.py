@@ -51,6 +51,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ray-version", default=BuildOptions.ray_version)
     p.add_argument("--head-cpu", default=BuildOptions.head_cpu)
     p.add_argument("--head-memory", default=BuildOptions.head_memory)
+    p.add_argument("--operator-namespace", default=os.environ.get("POD_NAMESPACE"),
+                   help="the namespace of this operator's pods (default $POD_NAMESPACE, which the chart sets): each job's "
+                        "NetworkPolicy admits them to the head's dashboard; unset: it admits the job's own pods only")
+    p.add_argument("--operator-pod-label", action="append", default=[], metavar="KEY=VALUE",
+                   help="a label that selects this operator's pods in that namespace (repeatable; the chart passes its selector labels)")
     p.add_argument("--liveness", metavar="URL", help="kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
     p.add_argument("--peering", metavar="NAME", help="kopf peering name (several replicas, one active); default standalone")
     p.add_argument("--priority", type=int, default=None,
@@ -75,6 +80,21 @@ def build_policy(args: argparse.Namespace) -> tuple[Policy, list[GangScheduler]]
         scheduler, _, name = item.partition("=")
         names[GangScheduler(scheduler)] = name
     return Policy(heartbeat_timeout_s=args.heartbeat_timeout, scheduler_names=names, enabled=frozenset(enabled)), enabled
+
+
+def build_options(args: argparse.Namespace) -> BuildOptions:
+    return BuildOptions(ray_version=args.ray_version, head_cpu=args.head_cpu, head_memory=args.head_memory,
+                        trainer_command=tuple(shlex.split(args.trainer_command)),
+                        operator_namespace=args.operator_namespace or None,
+                        operator_pod_labels=tuple(label_pair(item) for item in args.operator_pod_label))
+
+
+def label_pair(item: str) -> tuple[str, str]:
+    """'KEY=VALUE' of --operator-pod-label."""
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+        raise SystemExit(f"--operator-pod-label {item!r}: expected KEY=VALUE")
+    return key, value
 
 
 def peering_priority(explicit: int | None, pod_name: str | None) -> int:
@@ -124,13 +144,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.verbose:
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     policy, enabled = build_policy(args)
-    options = BuildOptions(ray_version=args.ray_version, head_cpu=args.head_cpu, head_memory=args.head_memory,
-                           trainer_command=tuple(shlex.split(args.trainer_command)))
+    options = build_options(args)
     kube = Kube.from_environment(connections=args.api_connections, status_connections=args.status_connections)
     if args.launcher == "local":
         launcher = LocalLauncher(kube, state_dir=args.state_dir.expanduser().resolve(), options=options)
     else:
-        launcher = RayJobsLauncher(options=options)
+        launcher = RayJobsLauncher(kube=kube, options=options)
     reconciler = Reconciler(kube=kube, launcher=launcher, policy=policy, options=options,
                             post_event=handlers.post_event, pause_after_pod_group_s=args.debug_pause_after_pod_group)
     resources = tuple(r for s in enabled if (r := backend_for(s).pod_group_resource) is not None)

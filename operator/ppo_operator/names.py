@@ -53,6 +53,16 @@ def progress_configmap_name(job_name: str) -> str:
     return f"{base_name(job_name)}-progress"
 
 
+def ray_token_secret_name(job_name: str) -> str:
+    """The Secret holding the job's Ray token; one per job, so every attempt's cluster shares it."""
+    return f"{base_name(job_name)}-ray-token"
+
+
+def network_policy_name(job_name: str) -> str:
+    """The NetworkPolicy that says who may reach the job's Ray pods; one per job."""
+    return f"{base_name(job_name)}-ray-ingress"
+
+
 def submission_id(job_uid: str, attempt: int) -> str:
     """Ray job-submission id: the same for the same attempt, so a resubmission is refused, not doubled."""
     return f"ppojob-{job_uid}-a{attempt}"

@@ -171,7 +171,8 @@ class Observed:
     reference_problem: str | None = None
     """A referenced object (volume claim, secret) that does not exist, naming the field."""
     identity_ready: bool = False
-    """The trainer's ServiceAccount, Role, RoleBinding and progress ConfigMap were ensured."""
+    """The job's own children were ensured: the trainer's ServiceAccount, Role, RoleBinding and
+    progress ConfigMap, the Ray token Secret, the NetworkPolicy."""
 
     def pods_of(self, attempt: int) -> list[PodRecord]:
         return [p for p in self.pods if p.attempt == attempt]

@@ -38,6 +38,8 @@ class Deletion:
 @dataclasses.dataclass(frozen=True)
 class Plan:
     ensure_identity: bool = False
+    """Ensure the job's own children: the trainer's identity and progress ConfigMap, the Ray token
+    Secret and the NetworkPolicy (before the pod group and RayCluster, whose pods need them)."""
     pod_group: Mapping[str, Any] | None = None
     raycluster: Mapping[str, Any] | None = None
     deletions: tuple[Deletion, ...] = ()
@@ -48,7 +50,8 @@ class Plan:
     delete_job: bool = False
     revoke_identity: bool = False
     """Delete the trainer's ServiceAccount, Role, RoleBinding and progress ConfigMap (the job ended; its
-    tokens die with them)."""
+    tokens die with them). The Ray token Secret and the NetworkPolicy stay until the job is deleted:
+    the token opens only the job's clusters, which are gone."""
 
     @property
     def creates(self) -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import secrets
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
@@ -22,6 +23,8 @@ from typing import Any
 
 from ppo_operator import names
 from ppo_operator.builders.common import BuildOptions
+from ppo_operator.builders.network_policy import build_network_policy
+from ppo_operator.builders.ray_token import build_ray_token_secret
 from ppo_operator.builders.rbac import build_progress_configmap, build_role, build_role_binding, build_service_account
 from ppo_operator.decisions import Policy
 from ppo_operator.events import (
@@ -33,7 +36,7 @@ from ppo_operator.events import (
 )
 from ppo_operator.gang import GroupResource
 from ppo_operator.job import Job
-from ppo_operator.kube import PLURALS, PPOJOBS, Kube, KubeError, resource_of
+from ppo_operator.kube import PLURALS, PPOJOBS, SECRETS, Kube, KubeError, resource_of
 from ppo_operator.launchers import Launcher
 from ppo_operator.observed import (
     ClusterRecord,
@@ -53,7 +56,6 @@ from ppojob_api.vocabulary import LABEL_JOB_NAME, Reason
 log = logging.getLogger(__name__)
 
 PVCS = GroupResource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim")
-SECRETS = GroupResource("", "v1", "secrets", "Secret")
 PODS = GroupResource("", "v1", "pods", "Pod")
 
 
@@ -74,8 +76,9 @@ class JobMemory:
     last_written: Mapping[str, Any] | None = None
     """The object as our last status patch returned it (newer than the watch until it catches up)."""
     identity_ready: bool = False
-    """The trainer's ServiceAccount, Role, RoleBinding and progress ConfigMap were ensured by this loop
-    (after a restart they are ensured once more: four creates answered 409)."""
+    """The job's own children were ensured by this loop: the trainer's ServiceAccount, Role,
+    RoleBinding, progress ConfigMap, the Ray token Secret and the NetworkPolicy (after a restart they
+    are ensured once more: six creates answered 409)."""
     references_checked: int | None = None
     reference_problem: str | None = None
     progress_seen: Mapping[str, Any] | None = None
@@ -297,8 +300,10 @@ class Reconciler:
                                                identity["metadata"]["name"])
             memory.identity_ready = False
         if plan.ensure_identity:
+            # A token Secret that exists keeps its token (409): the job's clusters already use it.
             for manifest in (build_service_account(job), build_role(job), build_role_binding(job),
-                             build_progress_configmap(job)):
+                             build_progress_configmap(job), build_ray_token_secret(job, token=secrets.token_hex(32)),
+                             build_network_policy(job, options=self.options)):
                 await self.kube.ensure_created(manifest)
             memory.identity_ready = True
         created = []

@@ -26,6 +26,11 @@ class BuildOptions:
     head_memory: str = "8Gi"
     trainer_command: tuple[str, ...] = ("ppo-train",)
     """The trainer's command line before its CONFIG argument."""
+    operator_namespace: str | None = None
+    """The namespace of the operator's own pods, which each job's NetworkPolicy admits to the head's
+    dashboard; None: the operator runs outside the cluster and the policy admits the job's pods only."""
+    operator_pod_labels: tuple[tuple[str, str], ...] = ()
+    """Labels that select the operator's pods in that namespace (the chart's selector labels)."""
 
 
 def child_metadata(job: Job, name: str, *, attempt: int | None = None) -> dict[str, Any]:

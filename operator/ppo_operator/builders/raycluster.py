@@ -3,8 +3,13 @@
 Head (runs the trainer, the Ray driver; no GPUs) plus a `train` worker group of resources.nodes
 pods with gpusPerNode GPUs (actor and critic share them), plus a `rollout` group in the
 Disaggregated placement. Every pod: the gang's labels/annotations and schedulerName, the job's
-ServiceAccount, a memory-backed /dev/shm of resources.sharedMemory for Ray's object store, and the
-checkpoint volume when one is named. Pure; depends on the API package, `names`, `gang`, `job`.
+ServiceAccount, a memory-backed /dev/shm of resources.sharedMemory for Ray's object store, the
+checkpoint volume when one is named, Ray's token auth with the job's token, and the `restricted`
+Pod Security Standard (non-root as the image's user, no privilege escalation, no capabilities,
+seccomp RuntimeDefault; KubeRay copies the container's securityContext to the workers'
+wait-gcs-ready init container). Only the head mounts a ServiceAccount token: the trainer's
+reporter, in the Ray driver on the head, is the one caller of the Kubernetes API.
+Pure; depends on the API package, `names`, `gang`, `job`.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from typing import Any
 
 from ppo_operator import names
 from ppo_operator.builders.common import BuildOptions, child_metadata, gang_of, rollout_shape, trainer_env
+from ppo_operator.builders.ray_token import ray_token_env
 from ppo_operator.gang import Gang, GangBackend
 from ppo_operator.job import Job
 from ppojob_api.spec import PPOJobSpec
@@ -21,6 +27,9 @@ from ppojob_api.vocabulary import LABEL_ROLE
 GPU = "nvidia.com/gpu"
 SHM_VOLUME = "dshm"
 CHECKPOINT_VOLUME = "checkpoints"
+TRAINER_UID = 1000
+"""The trainer image's user `ray` and its group (images/trainer/Dockerfile)."""
+HEAD_ROLE = "head"
 
 
 def _resources(cpu: str, memory: str, gpus: int) -> dict[str, Any]:
@@ -31,7 +40,23 @@ def _resources(cpu: str, memory: str, gpus: int) -> dict[str, Any]:
 
 
 def _env(job: Job, attempt: int) -> list[dict[str, Any]]:
-    return [{"name": name, "value": value} for name, value in trainer_env(job, attempt).items()]
+    return [{"name": name, "value": value} for name, value in trainer_env(job, attempt).items()] + ray_token_env(job)
+
+
+def _pod_security_context() -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": TRAINER_UID,
+        "runAsGroup": TRAINER_UID,
+        "fsGroup": TRAINER_UID,  # the checkpoint claim is writable by the trainer
+        # Ownership is fixed once, not walked through every checkpoint at each pod start.
+        "fsGroupChangePolicy": "OnRootMismatch",
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _container_security_context() -> dict[str, Any]:
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 
 
 def _pod_template(
@@ -54,11 +79,14 @@ def _pod_template(
         "resources": resources,
         "env": _env(job, attempt),
         "volumeMounts": mounts,
+        "securityContext": _container_security_context(),
     }
     if spec.env_from_secret:
         ray_container["envFrom"] = [{"secretRef": {"name": spec.env_from_secret}}]
     pod_spec: dict[str, Any] = {
         "serviceAccountName": names.service_account_name(job.name),
+        "automountServiceAccountToken": role == HEAD_ROLE,
+        "securityContext": _pod_security_context(),
         "containers": [ray_container],
         "volumes": volumes,
     }
@@ -98,7 +126,7 @@ def build_raycluster(
     common = {"job": job, "spec": spec, "attempt": attempt, "gang": gang, "backend": backend}
     res = spec.resources
     head = _pod_template(
-        role="head", container="ray-head",
+        role=HEAD_ROLE, container="ray-head",
         resources=_resources(options.head_cpu, options.head_memory, 0), **common,
     )
     workers = [
@@ -126,7 +154,9 @@ def build_raycluster(
     cluster_spec: dict[str, Any] = {
         "rayVersion": options.ray_version,
         "enableInTreeAutoscaling": False,
-        # The head runs the driver only: no Ray tasks or actors land on it.
+        # The head runs the driver only: no Ray tasks or actors land on it. Its dashboard listens
+        # on every interface, as the operator reaches it through the head Service; the token and
+        # the job's NetworkPolicy guard it.
         "headGroupSpec": {"rayStartParams": {"dashboard-host": "0.0.0.0", "num-cpus": "0"}, "template": head},
         "workerGroupSpecs": workers,
     }

@@ -3,17 +3,23 @@
 The submission id is fixed by (job uid, attempt), so a resubmission after an operator restart is
 refused by Ray instead of starting a second trainer; the job lives in the Ray cluster, so it
 survives the operator. Its state (PENDING/RUNNING/SUCCEEDED/FAILED/STOPPED) is read from
-`GET /api/jobs/<id>`: a driver that died is a failure here, not "Running". Depends on aiohttp.
+`GET /api/jobs/<id>`: a driver that died is a failure here, not "Running". Every request carries
+the job's Ray token (`Authorization: Bearer`, as Ray's dashboard checks it), read once per job
+from the job's Secret and kept in memory. Depends on aiohttp and `kube`.
 """
 
 from __future__ import annotations
+
+import base64
 
 import aiohttp
 
 from ppo_operator import names
 from ppo_operator.builders.common import BuildOptions
+from ppo_operator.builders.ray_token import RAY_TOKEN_KEY
 from ppo_operator.builders.submission import build_submission, dashboard_url
 from ppo_operator.job import Job
+from ppo_operator.kube import SECRETS, Kube, KubeError
 from ppo_operator.observed import TrainerRecord, TrainerState
 
 STATES = {
@@ -28,15 +34,30 @@ STATES = {
 class RayJobsLauncher:
     poll_seconds = 15.0
 
-    def __init__(self, *, options: BuildOptions, run_dir: str | None = None, url_of=dashboard_url, timeout_s: float = 10):
-        self.options, self.run_dir, self.url_of = options, run_dir, url_of
+    def __init__(self, *, kube: Kube, options: BuildOptions, run_dir: str | None = None, url_of=dashboard_url,
+                 timeout_s: float = 10):
+        self.kube, self.options, self.run_dir, self.url_of = kube, options, run_dir, url_of
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._tokens: dict[str, str] = {}
+        """Job uid -> the job's Ray token, as its Secret holds it."""
+
+    async def _auth(self, job: Job) -> dict[str, str]:
+        """The header Ray's dashboard wants with the job's token (one read of its Secret per job)."""
+        token = self._tokens.get(job.uid)
+        if token is None:
+            secret = await self.kube.get(SECRETS, job.namespace, names.ray_token_secret_name(job.name))
+            token = self._tokens[job.uid] = base64.b64decode(secret["data"][RAY_TOKEN_KEY]).decode()
+        return {"Authorization": f"Bearer {token}"}
 
     async def observe(self, job: Job, attempt: int) -> TrainerRecord:
         submission = names.submission_id(job.uid, attempt)
         try:
+            auth = await self._auth(job)
+        except KubeError as exc:
+            return TrainerRecord(TrainerState.UNKNOWN, submission, f"the job's Ray token is unreadable: {exc}")
+        try:
             async with (
-                aiohttp.ClientSession(timeout=self.timeout) as session,
+                aiohttp.ClientSession(timeout=self.timeout, headers=auth) as session,
                 session.get(f"{self.url_of(job, attempt)}/api/jobs/{submission}") as response,
             ):
                 if response.status == 404:
@@ -53,7 +74,7 @@ class RayJobsLauncher:
         run_dir = self.run_dir or (spec.checkpoint.path if spec else "/checkpoints")
         payload = build_submission(job, attempt=attempt, run_dir=run_dir, options=self.options)
         async with (
-            aiohttp.ClientSession(timeout=self.timeout) as session,
+            aiohttp.ClientSession(timeout=self.timeout, headers=await self._auth(job)) as session,
             session.post(f"{self.url_of(job, attempt)}/api/jobs/", json=payload) as response,
         ):
             text = await response.text()
@@ -65,7 +86,7 @@ class RayJobsLauncher:
         return []  # an older attempt's Ray job dies with its RayCluster, which the operator deletes
 
     async def forget(self, job: Job) -> None:
-        return None
+        self._tokens.pop(job.uid, None)
 
     async def sweep(self) -> list[str]:
         return []  # a trainer lives on its job's RayCluster, which the garbage collector deletes with the job

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import base64
+import re
+from pathlib import Path
 
+import pytest
 import yaml
 from operator_factory import make_job
 
 from ppo_operator.builders.common import BuildOptions, gang_of
+from ppo_operator.builders.network_policy import build_network_policy
 from ppo_operator.builders.pod_group import build_pod_group
-from ppo_operator.builders.raycluster import build_raycluster
+from ppo_operator.builders.ray_token import build_ray_token_secret
+from ppo_operator.builders.raycluster import TRAINER_UID, build_raycluster
 from ppo_operator.builders.rbac import (
     build_kubeconfig,
     build_progress_configmap,
@@ -19,6 +24,7 @@ from ppo_operator.builders.rbac import (
 )
 from ppo_operator.builders.submission import build_submission
 from ppo_operator.gang import backend_for
+from ppo_operator.main import build_options, parse_args
 from ppojob_api.vocabulary import GangScheduler
 
 OWNER = {
@@ -41,13 +47,21 @@ def _pod(role, container, resources, *, gang_labels=None, annotations=None, sche
             {"name": "PPOJOB_NAMESPACE", "value": "team-a"},
             {"name": "PPOJOB_ATTEMPT", "value": attempt},
             {"name": "PPOJOB_PROGRESS_CONFIGMAP", "value": "tiny-progress"},
+            {"name": "RAY_AUTH_MODE", "value": "token"},
+            {"name": "RAY_AUTH_TOKEN", "valueFrom": {"secretKeyRef": {"name": "tiny-ray-token", "key": "token"}}},
         ],
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, *(mounts or [])],
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
     }
     if env_from:
         pod_container["envFrom"] = env_from
     spec = {
         "serviceAccountName": "tiny-trainer",
+        "automountServiceAccountToken": role == "head",  # the trainer's reporter runs in the driver, on the head
+        "securityContext": {
+            "runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000,
+            "fsGroupChangePolicy": "OnRootMismatch", "seccompProfile": {"type": "RuntimeDefault"},
+        },
         "containers": [pod_container],
         "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "4Gi"}}, *(volumes or [])],
     }
@@ -251,3 +265,129 @@ def test_a_spec_is_parsed_once_per_content_and_a_bad_one_still_names_its_field()
     assert other.parse()[0].ppo.num_rollouts == 7 and other.parse()[0] is not first.parse()[0]
     spec, problem = make_job(ppo={"numRollouts": -1}).parse()
     assert spec is None and "ppo.numRollouts" in problem
+
+
+def test_build_ray_token_secret_holds_the_token_under_its_key():
+    assert build_ray_token_secret(make_job(), token="t0k") == {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "tiny-ray-token", "namespace": "team-a", "labels": JOB_LABELS, "ownerReferences": [OWNER]},
+        "type": "Opaque",
+        "stringData": {"token": "t0k"},
+    }
+
+
+def test_build_network_policy_admits_the_jobs_pods_anywhere_and_the_operator_to_the_dashboard():
+    options = BuildOptions(operator_namespace="ppojob-system",
+                           operator_pod_labels=(("app.kubernetes.io/name", "ppojob-operator"),
+                                                ("app.kubernetes.io/instance", "ppojob")))
+    job_pods = {"matchLabels": {"ppojob.io/job-name": "tiny"}}
+    assert build_network_policy(make_job(), options=options) == {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "tiny-ray-ingress", "namespace": "team-a", "labels": JOB_LABELS, "ownerReferences": [OWNER]},
+        "spec": {
+            "podSelector": job_pods,
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [{"podSelector": job_pods}]},
+                {
+                    "from": [{
+                        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ppojob-system"}},
+                        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "ppojob-operator",
+                                                        "app.kubernetes.io/instance": "ppojob"}},
+                    }],
+                    "ports": [{"protocol": "TCP", "port": 8265}],
+                },
+            ],
+        },
+    }
+
+
+def test_build_network_policy_of_an_operator_outside_the_cluster_admits_the_jobs_pods_only():
+    policy = build_network_policy(make_job(name="a" * 60), options=OPTIONS)
+    selector = {"matchLabels": {"ppojob.io/job-name": policy["metadata"]["labels"]["ppojob.io/job-name"]}}
+    assert policy["spec"] == {"podSelector": selector, "policyTypes": ["Ingress"], "ingress": [{"from": [{"podSelector": selector}]}]}
+    assert len(selector["matchLabels"]["ppojob.io/job-name"]) <= 63  # the label value the pods carry, shortened
+
+
+def pod_templates(cluster: dict) -> list[dict]:
+    return [cluster["spec"]["headGroupSpec"]["template"]] + [g["template"] for g in cluster["spec"]["workerGroupSpecs"]]
+
+
+def as_kuberay_builds_it(template: dict) -> dict:
+    """The pod spec with KubeRay v1.5.0's wait-gcs-ready init container, which copies the Ray
+    container's securityContext, env and mounts (controllers/ray/common/pod.go, DefaultWorkerPodTemplate)."""
+    spec = dict(template["spec"])
+    (ray,) = spec["containers"]
+    init = {"name": "wait-gcs-ready", "image": ray["image"], "securityContext": ray.get("securityContext"),
+            "env": ray["env"], "volumeMounts": ray["volumeMounts"]}
+    return {**spec, "initContainers": [init]}
+
+
+def restricted_violations(pod: dict) -> list[str]:
+    """What the `restricted` Pod Security Standard (v1.34) refuses in a pod spec."""
+    found = []
+    pod_context = pod.get("securityContext") or {}
+    allowed_volumes = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim", "projected", "secret"}
+    for volume in pod.get("volumes", []):
+        found += [f"volume {volume['name']}: {kind}" for kind in volume if kind != "name" and kind not in allowed_volumes]
+    found += [f"pod: {key}" for key in ("hostNetwork", "hostPID", "hostIPC") if pod.get(key)]
+    for container in pod["containers"] + pod.get("initContainers", []):
+        context, name = container.get("securityContext") or {}, container["name"]
+        if context.get("allowPrivilegeEscalation") is not False:
+            found.append(f"{name}: allowPrivilegeEscalation")
+        if "ALL" not in (context.get("capabilities") or {}).get("drop", []):
+            found.append(f"{name}: capabilities not dropped")
+        if set((context.get("capabilities") or {}).get("add", [])) - {"NET_BIND_SERVICE"}:
+            found.append(f"{name}: capabilities added")
+        if context.get("privileged"):
+            found.append(f"{name}: privileged")
+        if not context.get("runAsNonRoot", pod_context.get("runAsNonRoot")):
+            found.append(f"{name}: runAsNonRoot")
+        if context.get("runAsUser", pod_context.get("runAsUser")) == 0:
+            found.append(f"{name}: runAsUser 0")
+        seccomp = (context.get("seccompProfile") or pod_context.get("seccompProfile") or {}).get("type")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            found.append(f"{name}: seccompProfile")
+        found += [f"{name}: hostPort" for port in container.get("ports", []) if port.get("hostPort")]
+    return found
+
+
+def test_every_ray_pod_passes_the_restricted_pod_security_standard_as_kuberay_builds_it():
+    job = make_job(placement="Disaggregated", rollout={"gpus": 4}, checkpoint={"volumeClaim": "ckpt"})
+    spec, _ = job.parse()
+    cluster = build_raycluster(job, spec, attempt=0, backend=backend_for(GangScheduler.COSCHEDULING), options=OPTIONS)
+    templates = pod_templates(cluster)
+    assert len(templates) == 3
+    for template in templates:
+        assert restricted_violations(as_kuberay_builds_it(template)) == []
+    bare = {"containers": [{"name": "ray-head"}], "volumes": [{"name": "h", "hostPath": {"path": "/"}}]}
+    assert len(restricted_violations(bare)) == 5  # the check itself refuses what restricted refuses
+
+
+def test_only_the_head_mounts_a_service_account_token():
+    job = make_job(placement="Disaggregated", rollout={"gpus": 4})
+    spec, _ = job.parse()
+    cluster = build_raycluster(job, spec, attempt=0, backend=backend_for(GangScheduler.COSCHEDULING), options=OPTIONS)
+    mounts = {t["metadata"]["labels"]["ppojob.io/role"]: t["spec"]["automountServiceAccountToken"] for t in pod_templates(cluster)}
+    assert mounts == {"head": True, "train": False, "rollout": False}
+
+
+def test_pods_run_as_the_trainer_images_user():
+    dockerfile = (Path(__file__).resolve().parents[3] / "images" / "trainer" / "Dockerfile").read_text()
+    (user,) = re.findall(r"^USER (\d+):(\d+)$", dockerfile, re.MULTILINE)
+    assert user == (str(TRAINER_UID), str(TRAINER_UID))
+
+
+def test_the_operators_pods_are_known_from_pod_namespace_and_its_label_flags(monkeypatch):
+    monkeypatch.setenv("POD_NAMESPACE", "ppojob-system")
+    args = parse_args(["--operator-pod-label", "app.kubernetes.io/name=ppojob-operator",
+                       "--operator-pod-label", "app.kubernetes.io/instance=ppojob"])
+    options = build_options(args)
+    assert options.operator_namespace == "ppojob-system"
+    assert options.operator_pod_labels == (("app.kubernetes.io/name", "ppojob-operator"), ("app.kubernetes.io/instance", "ppojob"))
+    monkeypatch.delenv("POD_NAMESPACE")
+    assert build_options(parse_args([])).operator_namespace is None  # outside the cluster
+    with pytest.raises(SystemExit, match="KEY=VALUE"):
+        build_options(parse_args(["--operator-pod-label", "no-value"]))

@@ -4,6 +4,7 @@ code observed; stopped and forgotten. And the Ray job-submission launcher agains
 from __future__ import annotations
 
 import asyncio
+import base64
 import fcntl
 import os
 import sys
@@ -149,7 +150,7 @@ def test_the_sweep_stops_the_trainers_of_jobs_deleted_while_no_operator_ran_and_
         time.sleep(0.02)
     assert not alive(pid)
     assert wait_state(local, kept, 0, TrainerState.RUNNING) and local.job_dir(unlisted).exists()
-    assert asyncio.run(RayJobsLauncher(options=BuildOptions()).sweep()) == []
+    assert asyncio.run(RayJobsLauncher(kube=SecretKube(), options=BuildOptions()).sweep()) == []
     for job in (kept, unlisted):
         asyncio.run(local.forget(job))
 
@@ -160,6 +161,34 @@ def alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except FileNotFoundError:
         return False
+
+
+RAY_TOKEN = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+
+
+class SecretKube:
+    """The API server holding each job's Ray token Secret (as created: stringData stored as base64 data)."""
+
+    def __init__(self):
+        self.gets: list[tuple[str, str, str]] = []
+
+    async def get(self, resource, namespace, name):
+        self.gets.append((resource.plural, namespace, name))
+        return {"kind": "Secret", "data": {"token": base64.b64encode(RAY_TOKEN.encode()).decode()}}
+
+
+def ray_auth(handler):
+    """What Ray's dashboard does with token auth on: 401 without a token, 403 with another one."""
+
+    async def checked(request):
+        header = request.headers.get("Authorization")
+        if header is None:
+            return web.Response(status=401, text="Unauthorized: Missing authentication token")
+        if header != f"Bearer {RAY_TOKEN}":
+            return web.Response(status=403, text="Forbidden: Invalid authentication token")
+        return await handler(request)
+
+    return checked
 
 
 def test_ray_jobs_launcher_submits_once_and_reads_the_state():
@@ -178,14 +207,15 @@ def test_ray_jobs_launcher_submits_once_and_reads_the_state():
             return web.json_response(found) if found else web.Response(status=404)
 
         app = web.Application()
-        app.router.add_post("/api/jobs/", submit)
-        app.router.add_get("/api/jobs/{id}", info)
+        app.router.add_post("/api/jobs/", ray_auth(submit))
+        app.router.add_get("/api/jobs/{id}", ray_auth(info))
         runner = web.AppRunner(app)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]
-        ray = RayJobsLauncher(options=BuildOptions(), url_of=lambda job, attempt: f"http://127.0.0.1:{port}")
+        kube = SecretKube()
+        ray = RayJobsLauncher(kube=kube, options=BuildOptions(), url_of=lambda job, attempt: f"http://127.0.0.1:{port}")
         job = make_job()
         try:
             assert (await ray.observe(job, 0)).state == TrainerState.NOT_STARTED
@@ -196,13 +226,33 @@ def test_ray_jobs_launcher_submits_once_and_reads_the_state():
             jobs["ppojob-1234-abcd-a0"] = {"status": "FAILED", "message": "driver exited with 1"}
             record = await ray.observe(job, 0)
             assert record.state == TrainerState.FAILED and "driver exited with 1" in record.message
+            # Every request carried the token (the fake refuses others), read from the Secret once.
+            assert kube.gets == [("secrets", "team-a", "tiny-ray-token")]
+            await ray.forget(job)  # deleted: its token goes from memory
+            await ray.observe(job, 0)
+            assert len(kube.gets) == 2
         finally:
             await runner.cleanup()
-        unreachable = RayJobsLauncher(options=BuildOptions(), url_of=lambda job, attempt: "http://127.0.0.1:9")
+        unreachable = RayJobsLauncher(kube=SecretKube(), options=BuildOptions(),
+                                      url_of=lambda job, attempt: "http://127.0.0.1:9")
         assert (await unreachable.observe(job, 0)).state == TrainerState.UNKNOWN
 
     asyncio.run(scenario())
 
+
+
+def test_ray_jobs_launcher_without_the_token_says_so_and_asks_no_dashboard():
+    class Forbidden:
+        async def get(self, resource, namespace, name):
+            raise KubeError(403, "Forbidden", 'secrets "tiny-ray-token" is forbidden')
+
+    def no_dashboard(job, attempt):
+        raise AssertionError("no request may go out without the token")
+
+    launcher = RayJobsLauncher(kube=Forbidden(), options=BuildOptions(), url_of=no_dashboard)
+    record = asyncio.run(launcher.observe(make_job(), 0))
+    assert record.state == TrainerState.UNKNOWN and "Ray token is unreadable" in record.message
+    assert "403" in record.message
 
 
 def test_exited_children_are_reaped_at_most_once_a_second(tmp_path, monkeypatch):

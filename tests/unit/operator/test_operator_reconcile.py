@@ -36,9 +36,11 @@ class FakeKube:
         self.calls: list[tuple] = []
         self.rv = 100
         self.present: dict[str, set[str]] = {}  # what list_uids finds, by kind
+        self.created: list[dict] = []
 
     async def ensure_created(self, manifest):
         self.calls.append(("create", manifest["kind"], manifest["metadata"]["name"]))
+        self.created.append(manifest)
         return True
 
     async def ensure_deleted(self, resource, namespace, name):
@@ -89,6 +91,14 @@ SCHEDULING = Children(pods=pods(0, 3, placed=False, unschedulable="Unschedulable
 """A gang whose pods and cluster exist, not yet placed."""
 
 
+JOB_OWN_CREATES = [
+    ("create", "ServiceAccount", "tiny-trainer"), ("create", "Role", "tiny-trainer"),
+    ("create", "RoleBinding", "tiny-trainer"), ("create", "ConfigMap", "tiny-progress"),
+    ("create", "Secret", "tiny-ray-token"), ("create", "NetworkPolicy", "tiny-ray-ingress"),
+]
+"""The job's own children, ensured once per loop, before the pod group and the RayCluster."""
+
+
 def make(body, launcher=None):
     kube, launcher = FakeKube(), launcher or FakeLauncher()
     kube.body = body
@@ -103,9 +113,7 @@ def test_first_reconcile_writes_status_then_creates_identity_pod_group_and_clust
     memory = JobMemory(progress_seen={})
     asyncio.run(reconciler.reconcile(kube.body, Children(), memory))
     assert kube.calls == [
-        ("patch", "status", "tiny"),
-        ("create", "ServiceAccount", "tiny-trainer"), ("create", "Role", "tiny-trainer"),
-        ("create", "RoleBinding", "tiny-trainer"), ("create", "ConfigMap", "tiny-progress"),
+        ("patch", "status", "tiny"), *JOB_OWN_CREATES,
         ("create", "PodGroup", "tiny-a0"), ("create", "RayCluster", "tiny-a0"),
     ]
     assert [(e.reason, e.message) for e in events] == [
@@ -132,8 +140,18 @@ def test_a_restarted_operator_ensures_the_identity_once_more_without_a_status_wr
     # The status names the ServiceAccount, but a new daemon cannot know that it was created before
     # a crash: it ensures it again (answered 409 by a real API server), and writes nothing.
     asyncio.run(reconciler.reconcile(kube.body, children, JobMemory(progress_seen={})))
-    assert kube.calls == [("create", "ServiceAccount", "tiny-trainer"), ("create", "Role", "tiny-trainer"),
-                          ("create", "RoleBinding", "tiny-trainer"), ("create", "ConfigMap", "tiny-progress")]
+    assert kube.calls == JOB_OWN_CREATES
+
+
+def test_each_job_gets_a_random_ray_token_of_its_own():
+    tokens = []
+    for name in ("tiny", "other"):
+        reconciler, kube, _, _ = make(make_ppojob(name=name))
+        asyncio.run(reconciler.reconcile(kube.body, Children(), JobMemory(progress_seen={})))
+        (secret,) = [m for m in kube.created if m["kind"] == "Secret"]
+        tokens.append(secret["stringData"]["token"])
+    assert all(len(token) == 64 and int(token, 16) >= 0 for token in tokens)  # 256 random bits, hex
+    assert tokens[0] != tokens[1]
 
 
 def test_a_report_that_moves_the_phase_is_one_status_write_carrying_the_report():
