@@ -1,4 +1,4 @@
-"""Command line: python -m local_cluster build | up | down | env | status."""
+"""Command line: python -m local_cluster build | images | up | down | env | status."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from . import build as builder
+from . import images
 from .cluster import ClusterError, LocalCluster
 from .pins import default_state_dir, load_pins
 
@@ -24,6 +25,12 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="build (or validate) the cached binaries; prints timings")
     b.add_argument("--force", action="store_true", help="rebuild every binary")
+    i = sub.add_parser("images", help="build the pause, operator and CPU trainer images into archives; prints timings")
+    i.add_argument(
+        "--containerd",
+        metavar="SOCKET",
+        help=f"also import the archives into the containerd at this socket (namespace {images.CONTAINERD_NAMESPACE})",
+    )
     u = sub.add_parser("up", help="build if needed, start the cluster, wait until ready, leave it running")
     u.add_argument("--timeout", type=float, default=240, help="seconds to wait for readiness")
     sub.add_parser("down", help="stop exactly the processes `up` started")
@@ -42,6 +49,15 @@ def main(argv: list[str] | None = None) -> int:
                     f"total {record['total_s']}s"
                 )
             print(f"this invocation took {time.monotonic() - t:.1f}s")
+            return 0
+        if args.command == "images":
+            record = images.build_images()
+            for name in images.LOCAL_IMAGES:
+                entry = record[name]
+                print(f"{name}: {entry['size']}, archive {entry['archive']} ({entry['archive_bytes'] / 1e6:.0f} MB)")
+                if args.containerd:
+                    seconds = images.import_image(Path(entry["archive"]), address=args.containerd)
+                    print(f"[timing] import {name}: {seconds:.1f}s")
             return 0
         if args.command == "up":
             running = LocalCluster.running(args.state_dir)
@@ -70,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             running = cluster.is_running()
             print(f"local cluster {'running' if running else 'not running'} (state: {cluster.state_dir})")
             return 0 if running else 1
-    except (ClusterError, builder.BuildError) as err:
+    except (ClusterError, builder.BuildError, images.ImagesError) as err:
         print(f"local_cluster {args.command}: {err}", file=sys.stderr)
         return 1
     return 2

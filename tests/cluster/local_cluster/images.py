@@ -1,0 +1,339 @@
+"""The local cluster's container images, built from the repository's Dockerfiles with buildah (no daemon).
+
+No registry is reachable, so each Dockerfile takes its base as a build argument: here a Debian
+bookworm made by mmdebstrap from Debian's packages, tagged by what it contains. The operator and the
+CPU trainer are built on it with buildah's layer cache (pip's downloads in a cache mount), and each
+image is pushed to a docker archive that `import_image` loads into a containerd. The pause image, the
+kubelet's pod sandbox (containerd's sandbox_image), is images/pause/pause.c compiled static.
+
+Everything lives under <cache>/images/ (cache: ${PPOJOB_CACHE:-~/.cache/ppojob}): buildah's storage,
+its cache mounts, the archives and images.json (what each archive holds, sizes, timings). Depends on
+nothing of the cluster's but pins.cache_root.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .pins import cache_root
+
+REPO = Path(__file__).resolve().parents[3]
+
+OPERATOR_IMAGE = "localhost/ppojob-operator:dev"
+TRAINER_CPU_IMAGE = "localhost/ppojob-trainer:cpu-dev"
+PAUSE_IMAGE = "localhost/ppojob-pause:dev"
+LOCAL_IMAGES = (PAUSE_IMAGE, OPERATOR_IMAGE, TRAINER_CPU_IMAGE)
+CONTAINERD_NAMESPACE = "k8s.io"  # the CRI plugin's: the kubelet sees images of this namespace only
+
+STORAGE_DRIVER = "overlay"
+PAUSE_SOURCE = REPO / "images" / "pause" / "pause.c"
+PAUSE_USER = "65535:65535"  # nobody needs to own the sandbox's process
+# Bump when the way a base or the pause image is made changes: forces them to be made again.
+RECIPE = "1"
+
+
+class ImagesError(RuntimeError):
+    """A tool is missing, a build step failed (the message names the command and its log), or an
+    archive or containerd socket is not where it was said to be."""
+
+
+@dataclass(frozen=True)
+class DebianBase:
+    """A base image made from Debian packages by mmdebstrap; its tag carries a key of what it holds."""
+
+    suite: str
+    packages: tuple[str, ...]
+    mirrors: tuple[str, ...]
+    python: str  # the interpreter's package on this suite (what `python3` is): the trainer's PYTHON
+    variant: str = "minbase"
+
+    def key(self) -> str:
+        text = "\n".join([self.suite, self.variant, *sorted(self.packages), *self.mirrors, f"recipe={RECIPE}"])
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    @property
+    def image(self) -> str:
+        return f"localhost/ppojob-base:{self.suite}-{self.key()}"
+
+    def mmdebstrap_command(self, tarball: Path) -> list[str]:
+        return [
+            "mmdebstrap",
+            f"--variant={self.variant}",
+            f"--include={','.join(self.packages)}",
+            self.suite,
+            str(tarball),
+            *self.mirrors,
+        ]
+
+
+BOOKWORM = DebianBase(
+    suite="bookworm",
+    # The operator's Dockerfile needs python3 with venv, groupadd and useradd (passwd); the trainer's
+    # installs its own packages with apt from these same mirrors.
+    packages=("ca-certificates", "passwd", "python3", "python3-venv"),
+    mirrors=(
+        "deb http://deb.debian.org/debian bookworm main",
+        "deb http://deb.debian.org/debian bookworm-updates main",
+        "deb http://deb.debian.org/debian-security bookworm-security main",
+    ),
+    python="python3.11",
+)
+
+# Scratch images have no environment; the Dockerfiles extend PATH, so the base must set it.
+BASE_ENV = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8")
+
+
+@dataclass(frozen=True)
+class DockerfileImage:
+    """An image built from one of images/*/Dockerfile with these build arguments."""
+
+    name: str
+    dockerfile: str  # relative to the repository root, the build context
+    build_args: tuple[tuple[str, str], ...]
+
+
+def dockerfile_images(base: DebianBase = BOOKWORM) -> tuple[DockerfileImage, ...]:
+    """The operator and the CPU trainer (no megatron, no SGLang) on the Debian base."""
+    return (
+        DockerfileImage(OPERATOR_IMAGE, "images/operator/Dockerfile", (("BASE_IMAGE", base.image),)),
+        DockerfileImage(
+            TRAINER_CPU_IMAGE,
+            "images/trainer/Dockerfile",
+            (("BASE_IMAGE", base.image), ("PYTHON", base.python), ("EXTRAS", "trainer")),
+        ),
+    )
+
+
+def images_dir() -> Path:
+    return cache_root() / "images"
+
+
+def archive_path(name: str) -> Path:
+    """Where `name`'s docker archive lives: localhost/ppojob-operator:dev -> <cache>/images/archives/ppojob-operator-dev.tar."""
+    repository, _, tag = name.rpartition(":")
+    if not repository or "/" not in repository:
+        raise ImagesError(f"image name {name!r} is not REGISTRY/REPOSITORY:TAG (e.g. {OPERATOR_IMAGE})")
+    return images_dir() / "archives" / f"{repository.rsplit('/', 1)[1]}-{tag}.tar"
+
+
+@dataclass(frozen=True)
+class Buildah:
+    """buildah with its storage, run state and cache mounts under one folder of ours."""
+
+    root: Path
+
+    def command(self, *args: str) -> list[str]:
+        return [
+            "buildah",
+            "--root",
+            str(self.root / "storage"),
+            "--runroot",
+            str(self.root / "run"),
+            "--storage-driver",
+            STORAGE_DRIVER,
+            *args,
+        ]
+
+    def env(self) -> dict[str, str]:
+        # buildah keeps RUN --mount=type=cache folders (pip's downloads) under $TMPDIR/buildah-cache.
+        return {**os.environ, "TMPDIR": str(self.root / "tmp")}
+
+
+def bud_command(
+    image: DockerfileImage, *, buildah: Buildah, volumes: tuple[str, ...], context: Path = REPO
+) -> list[str]:
+    """buildah bud with the layer cache, no pulls (the base is local) and the host's network (pip, apt)."""
+    args = ["bud", "--layers", "--pull=never", "--network", "host", "-f", str(context / image.dockerfile)]
+    args += ["-t", image.name]
+    for key, value in image.build_args:
+        args += ["--build-arg", f"{key}={value}"]
+    for volume in volumes:
+        args += ["--volume", volume]
+    return buildah.command(*args, str(context))
+
+
+def push_command(name: str, archive: Path, *, buildah: Buildah) -> list[str]:
+    """Uncompressed: gzip of several GB costs minutes on 2 cores, and containerd unpacks either."""
+    return buildah.command("push", "--quiet", "--disable-compression", name, f"docker-archive:{archive}:{name}")
+
+
+def trust_volumes(directory: Path, ca_bundle: Path) -> tuple[str, ...]:
+    """Build-time mounts that make pip in a RUN step trust what pip on this machine trusts (here a
+    TLS-inspecting proxy's CA): the host's CA bundle and a pip.conf naming it. Nothing of it is
+    committed into an image. None if there is no bundle."""
+    if not ca_bundle.is_file():
+        return ()
+    directory.mkdir(parents=True, exist_ok=True)
+    pip_conf = directory / "pip.conf"
+    pip_conf.write_text("[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n")
+    return (f"{ca_bundle.resolve()}:/etc/ssl/certs/ca-certificates.crt:ro", f"{pip_conf}:/etc/pip.conf:ro")
+
+
+def pause_key(source: Path, compiler_version: str) -> str:
+    text = source.read_text() + "\n" + compiler_version + f"\nrecipe={RECIPE}"
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def import_image(
+    archive: Path,
+    *,
+    address: str | Path,
+    namespace: str = CONTAINERD_NAMESPACE,
+    snapshotter: str = "overlayfs",
+) -> float:
+    """Load a docker archive into the containerd whose socket is `address`, under `namespace`, unpacked
+    for `snapshotter` (the CRI plugin runs only unpacked images). Returns the seconds it took."""
+    archive = Path(archive)
+    if not archive.is_file():
+        raise ImagesError(f"no image archive at {archive}: build it with `make images`")
+    if not Path(address).exists():
+        raise ImagesError(f"no containerd socket at {address}: start that containerd first, or pass its [grpc] address")
+    if shutil.which("ctr") is None:
+        raise ImagesError("`ctr` is not on PATH: apt-get install containerd")
+    cmd = ["ctr", "--address", str(address), "--namespace", namespace, "images", "import"]
+    cmd += ["--snapshotter", snapshotter, str(archive)]
+    started = time.monotonic()
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise ImagesError(f"`{' '.join(cmd)}` failed (exit {result.returncode}):\n{result.stderr.strip()}")
+    return time.monotonic() - started
+
+
+class _Steps:
+    """Runs the build's commands with their output in one log, and prints a [timing] line per step."""
+
+    def __init__(self, log: Path, buildah: Buildah, out) -> None:
+        self.log, self.buildah, self.out = log, buildah, out
+        self.timings: dict[str, float] = {}
+
+    def run(self, cmd: list[str], cwd: Path = REPO) -> None:
+        with self.log.open("a") as log:
+            log.write(f"\n$ {' '.join(cmd)}\n")
+            log.flush()
+            result = subprocess.run(
+                cmd, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, env=self.buildah.env(), check=False
+            )
+        if result.returncode != 0:
+            tail = "".join(self.log.read_text().splitlines(keepends=True)[-25:])
+            raise ImagesError(f"`{' '.join(cmd)}` failed (exit {result.returncode}); log: {self.log}\n{tail}")
+
+    def output(self, cmd: list[str]) -> str:
+        result = subprocess.run(cmd, capture_output=True, text=True, env=self.buildah.env(), check=False)
+        if result.returncode != 0:
+            raise ImagesError(f"`{' '.join(cmd)}` failed (exit {result.returncode}):\n{result.stderr.strip()}")
+        return result.stdout.strip()
+
+    def image_id(self, name: str) -> str | None:
+        cmd = self.buildah.command("inspect", "--type", "image", "--format", "{{.FromImageID}}", name)
+        result = subprocess.run(cmd, capture_output=True, text=True, env=self.buildah.env(), check=False)
+        return result.stdout.strip() if result.returncode == 0 else None
+
+    def timing(self, step: str, seconds: float, note: str = "") -> None:
+        self.timings[step] = round(seconds, 1)
+        print(f"[timing] {step}: {seconds:.1f}s{'  ' + note if note else ''}", file=self.out, flush=True)
+
+
+def _require_tools(*tools: str) -> None:
+    missing = [tool for tool in tools if shutil.which(tool) is None]
+    if missing:
+        raise ImagesError(f"not on PATH: {', '.join(missing)}; apt-get install {' '.join(missing)}")
+    if os.geteuid() != 0:
+        raise ImagesError("building the images needs root here (buildah's overlay storage, mmdebstrap's chroot)")
+
+
+def _ensure_base(base: DebianBase, steps: _Steps) -> dict:
+    if steps.image_id(base.image) is not None:
+        steps.timing(f"base {base.image}", 0.0, "cached")
+        return {"image": base.image, "cached": True}
+    tarball = steps.buildah.root / "tmp" / f"base-{base.key()}.tar"
+    started = time.monotonic()
+    try:
+        steps.run(base.mmdebstrap_command(tarball))
+        made = time.monotonic() - started
+        container = steps.output(steps.buildah.command("from", "scratch"))
+        steps.run(steps.buildah.command("add", container, str(tarball), "/"))
+        config = ["config", "--cmd", "/bin/bash"]
+        for variable in BASE_ENV:
+            config += ["--env", variable]
+        steps.run(steps.buildah.command(*config, container))
+        steps.run(steps.buildah.command("commit", "--quiet", "--rm", container, base.image))
+    finally:
+        tarball.unlink(missing_ok=True)
+    total = time.monotonic() - started
+    steps.timing(f"base {base.image}", total, f"(mmdebstrap {made:.1f}s, into buildah {total - made:.1f}s)")
+    return {"image": base.image, "cached": False, "mmdebstrap_s": round(made, 1)}
+
+
+def _ensure_pause(steps: _Steps, record: dict) -> dict:
+    compiler = steps.output(["gcc", "--version"]).splitlines()[0]
+    key = pause_key(PAUSE_SOURCE, compiler)
+    previous = record.get(PAUSE_IMAGE, {})
+    if previous.get("key") == key and steps.image_id(PAUSE_IMAGE) == previous.get("image_id"):
+        steps.timing(f"build {PAUSE_IMAGE}", 0.0, "cached")
+        return previous
+    started = time.monotonic()
+    binary = steps.buildah.root / "tmp" / "pause"
+    steps.run(["gcc", "-static", "-Os", "-s", "-Wall", "-Wextra", "-Werror", "-o", str(binary), str(PAUSE_SOURCE)])
+    container = steps.output(steps.buildah.command("from", "scratch"))
+    steps.run(steps.buildah.command("copy", "--chmod", "0755", container, str(binary), "/pause"))
+    steps.run(steps.buildah.command("config", "--entrypoint", '["/pause"]', "--user", PAUSE_USER, container))
+    # A fixed timestamp: the same source and compiler give the same image, so nothing downstream churns.
+    steps.run(steps.buildah.command("commit", "--quiet", "--rm", "--timestamp", "0", container, PAUSE_IMAGE))
+    steps.timing(f"build {PAUSE_IMAGE}", time.monotonic() - started, f"({binary.stat().st_size} byte static binary)")
+    return {"key": key, "compiler": compiler}
+
+
+def _push(name: str, entry: dict, steps: _Steps, previous: dict) -> dict:
+    """Push `name` to its archive unless the archive already holds this very image."""
+    image_id = steps.image_id(name)
+    archive = archive_path(name)
+    size = steps.output(steps.buildah.command("images", "--format", "{{.Size}}", name))
+    entry = {**entry, "image_id": image_id, "size": size, "archive": str(archive)}
+    if previous.get("image_id") == image_id and archive.is_file():
+        steps.timing(f"push {name}", 0.0, "archive holds this image")
+        return {**previous, **entry}
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    partial = archive.with_suffix(".tar.partial")
+    partial.unlink(missing_ok=True)  # docker-archive refuses to write into an existing file
+    started = time.monotonic()
+    steps.run(push_command(name, partial, buildah=steps.buildah))
+    partial.replace(archive)
+    archive_bytes = archive.stat().st_size
+    steps.timing(f"push {name}", time.monotonic() - started, f"(archive {archive_bytes / 1e6:.0f} MB)")
+    return {**entry, "archive_bytes": archive_bytes, "push_s": steps.timings[f"push {name}"]}
+
+
+def build_images(*, base: DebianBase = BOOKWORM, out=sys.stdout) -> dict:
+    """Make the base if missing, build the pause image, the operator and the CPU trainer, and push each
+    to its archive. Returns images.json's record: per image its id, archive, sizes and timings."""
+    _require_tools("buildah", "mmdebstrap", "gcc")
+    root = images_dir()
+    buildah = Buildah(root / "buildah")
+    for folder in (buildah.root / "tmp", root / "archives"):
+        folder.mkdir(parents=True, exist_ok=True)
+    record_path = root / "images.json"
+    previous = json.loads(record_path.read_text()) if record_path.is_file() else {}
+    steps = _Steps(root / "build.log", buildah, out)
+    print(f"building the local images into {root} (log: {steps.log})", file=out, flush=True)
+    started = time.monotonic()
+    record: dict = {"base": _ensure_base(base, steps)}
+    record[PAUSE_IMAGE] = _push(PAUSE_IMAGE, _ensure_pause(steps, previous), steps, previous.get(PAUSE_IMAGE, {}))
+    volumes = trust_volumes(root, Path(os.environ.get("PIP_CERT") or "/etc/ssl/certs/ca-certificates.crt"))
+    for image in dockerfile_images(base):
+        t = time.monotonic()
+        steps.run(bud_command(image, buildah=buildah, volumes=volumes))
+        steps.timing(f"build {image.name}", time.monotonic() - t)
+        built = {"build_args": dict(image.build_args), "build_s": steps.timings[f"build {image.name}"]}
+        record[image.name] = _push(image.name, built, steps, previous.get(image.name, {}))
+    steps.timing("images total", time.monotonic() - started)
+    record["timings_s"] = steps.timings
+    record_path.write_text(json.dumps(record, indent=2) + "\n")
+    return record
