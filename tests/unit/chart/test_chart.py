@@ -9,8 +9,16 @@ import pytest
 import yaml
 from conftest import CHART, REPO
 
-from ppo_operator.builders.rbac import build_role
+from ppo_operator.builders.common import BuildOptions
+from ppo_operator.builders.network_policy import build_network_policy
+from ppo_operator.builders.pod_group import build_pod_group
+from ppo_operator.builders.ray_token import build_ray_token_secret
+from ppo_operator.builders.raycluster import build_raycluster
+from ppo_operator.builders.rbac import build_progress_configmap, build_role, build_role_binding, build_service_account
+from ppo_operator.gang import backend_for
 from ppo_operator.job import Job
+from ppo_operator.kube import PLURALS
+from ppojob_api.vocabulary import GangScheduler
 
 
 def by_kind(objects: list[dict], kind: str) -> list[dict]:
@@ -103,7 +111,8 @@ def test_rbac_is_least_privilege(render):
     rules = rules_of(role)
     assert "*" not in {v for verbs in rules.values() for v in verbs}
     assert rules[("", "pods")] == {"get", "list", "watch"}, "the operator never writes pods"
-    assert rules[("", "secrets")] == {"get"}, "only existence checks of referenced secrets"
+    assert rules[("", "secrets")] == {"get", "create"}, "existence checks, and each job's Ray token (never listed)"
+    assert rules[("networking.k8s.io", "networkpolicies")] == {"create"}, "the garbage collector deletes them"
     assert rules[("ppojob.io", "ppojobs/status")] == {"get", "patch", "update"}
     assert rules[("scheduling.x-k8s.io", "podgroups")] >= {"create", "delete"}
     assert ("scheduling.volcano.sh", "podgroups") not in rules, "only the configured gang schedulers"
@@ -115,6 +124,32 @@ def test_rbac_is_least_privilege(render):
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "ppojob-ppojob-operator", "namespace": "ppojob-system"}
     ]
+
+
+def test_the_operator_may_create_every_child_it_builds(render):
+    role, _ = by_kind(render(), "ClusterRole")
+    rules = rules_of(role)
+    job = Job.from_body({"metadata": {"name": "tiny", "namespace": "team-a", "uid": "u1"}, "spec": {"image": "x"}})
+    spec, _ = job.parse()
+    backend = backend_for(GangScheduler.COSCHEDULING)
+    children = [build_service_account(job), build_role(job), build_role_binding(job), build_progress_configmap(job),
+                build_ray_token_secret(job, token="t"), build_network_policy(job, options=BuildOptions()),
+                build_pod_group(job, spec, attempt=0, backend=backend),
+                build_raycluster(job, spec, attempt=0, backend=backend, options=BuildOptions())]
+    for child in children:
+        group = child["apiVersion"].rpartition("/")[0]
+        assert "create" in rules.get((group, PLURALS[child["kind"]]), set()), child["kind"]
+
+
+def test_the_operator_knows_its_pods_for_the_jobs_network_policies(render):
+    (deployment,) = by_kind(render(), "Deployment")
+    pod = deployment["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    labels = dict(a.removeprefix("--operator-pod-label=").split("=", 1) for a in container["args"]
+                  if a.startswith("--operator-pod-label="))
+    assert labels == deployment["spec"]["selector"]["matchLabels"] and labels.items() <= pod["metadata"]["labels"].items()
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
 
 
 def test_watch_namespaces_gives_namespaced_roles(render):
