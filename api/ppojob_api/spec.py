@@ -24,8 +24,10 @@ from pydantic.alias_generators import to_camel
 from ppojob_api.vocabulary import (
     GangScheduler,
     KLEstimator,
+    LossAggregation,
     Placement,
     RewardType,
+    RolloutCorrection,
     RolloutEngine,
     TrainBackend,
 )
@@ -100,6 +102,13 @@ class RolloutSpec(_Model):
     memory_fraction: float = Field(0.8, gt=0, le=1)
 
 
+class RolloutCorrectionSpec(_Model):
+    type: RolloutCorrection = RolloutCorrection.NONE
+    """TruncatedImportanceSampling weights each token's policy loss by min(pi_train / pi_rollout, cap)."""
+    cap: float = Field(2.0, ge=1)
+    """The largest importance weight (TruncatedImportanceSampling)."""
+
+
 class PPOSpec(_Model):
     num_rollouts: int = Field(10, ge=1)
     num_critic_only_steps: int = Field(0, ge=0)
@@ -114,6 +123,10 @@ class PPOSpec(_Model):
     kl_estimator: KLEstimator = KLEstimator.K1
     entropy_coef: float = Field(0.0, ge=0)
     normalize_advantages: bool = True
+    """Whiten the advantages over the whole batch (every data-parallel rank's rows)."""
+    loss_aggregation: LossAggregation = LossAggregation.TOKEN_MEAN
+    """How the policy, value and entropy losses reduce over the batch's tokens."""
+    rollout_correction: RolloutCorrectionSpec = RolloutCorrectionSpec()
     custom_advantage_function: str | None = Field(None, pattern=r"^[^:]+:[A-Za-z_][A-Za-z0-9_]*$")
 
     def is_critic_only_step(self, step: int) -> bool:

@@ -143,3 +143,18 @@ class KLEstimator(str, enum.Enum):
     K1 = "k1"
     K2 = "k2"
     K3 = "k3"
+
+
+class LossAggregation(str, enum.Enum):
+    """How per-token losses are reduced over a step's batch (the same for any micro-batch size and rank count)."""
+
+    TOKEN_MEAN = "TokenMean"
+    SEQUENCE_MEAN_TOKEN_MEAN = "SequenceMeanTokenMean"
+    SEQUENCE_MEAN_TOKEN_SUM = "SequenceMeanTokenSum"
+
+
+class RolloutCorrection(str, enum.Enum):
+    """How the policy loss accounts for the rollout engine's log-probs differing from the trainer's."""
+
+    NONE = "None"
+    TRUNCATED_IMPORTANCE_SAMPLING = "TruncatedImportanceSampling"

@@ -15,9 +15,11 @@ Objects built while a group lived keep references to it (megatron's layers, DDP 
 optimizer do); `repoint_process_groups` walks such objects and replaces every destroyed group by
 its rebuilt twin, matched by `group_key` (the group's description and ranks).
 
-`average_gradients` is what a backend calls between backward and the optimizer step: it
-averages the gradients over the default group, and does nothing when there is none. Depends on
-torch and the offload state machine only; never on Ray or the PPO loop.
+`sum_gradients` is what a backend calls between backward and the optimizer step: each rank's
+loss is its share of the whole batch's (`algorithms/aggregation.py`), so the gradients add up
+over the default group; `all_reduce_sum` adds up other figures the same way (advantage moments,
+loss statistics). Both do nothing when there is no group. Depends on torch and the offload state
+machine only; never on Ray or the PPO loop.
 """
 
 from __future__ import annotations
@@ -202,15 +204,18 @@ def _walk(roots: Iterable[object], visit_group: Callable[[dist.ProcessGroup], di
     return changed
 
 
-def average_gradients(parameters: Iterable[torch.nn.Parameter], *, bucket_bytes: int = BUCKET_BYTES) -> None:
-    """Replace each trainable parameter's gradient by its mean over the default group's ranks.
+def _has_peers() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def sum_gradients(parameters: Iterable[torch.nn.Parameter], *, bucket_bytes: int = BUCKET_BYTES) -> None:
+    """Replace each trainable parameter's gradient by its sum over the default group's ranks.
 
     A parameter without a gradient counts as a zero gradient (every rank reduces the same tensors,
     in the same order). A no-op without a default group or with a single rank.
     """
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    if not _has_peers():
         return
-    world = dist.get_world_size()
     params = [p for p in parameters if p.requires_grad]
     for p in params:
         if p.grad is None:
@@ -218,9 +223,19 @@ def average_gradients(parameters: Iterable[torch.nn.Parameter], *, bucket_bytes:
     for bucket in _buckets(params, bucket_bytes=bucket_bytes):
         flat = torch.cat([p.grad.reshape(-1) for p in bucket])
         dist.all_reduce(flat)
-        flat.div_(world)
         for p, chunk in zip(bucket, flat.split([p.numel() for p in bucket])):
             p.grad.copy_(chunk.view_as(p.grad))
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` summed over the default group's ranks, on `tensor`'s device (a new tensor); `tensor`
+    itself without a group or with a single rank. NCCL reduces on the current CUDA device."""
+    if not _has_peers():
+        return tensor
+    on = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else tensor.device
+    reduced = tensor.to(on, copy=True)
+    dist.all_reduce(reduced)
+    return reduced.to(tensor.device)
 
 
 def _buckets(params: list[torch.nn.Parameter], *, bucket_bytes: int) -> list[list[torch.nn.Parameter]]:

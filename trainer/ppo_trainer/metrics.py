@@ -1,7 +1,7 @@
 """Per-step metrics of a run, the time each stage takes, and a PNG plot of the run.
 
-`StepMetrics` is one step's record (reward, losses, KL, clip fractions, entropy, stage times,
-tokens/s); `StageTimer` measures the stages; `plot_run` draws the reward and loss curves with
+`StepMetrics` is one step's record (reward, losses, KL, clip fractions, entropy, the rollout and
+training log-prob mismatch, stage times, tokens/s); `StageTimer` measures the stages; `plot_run` draws the reward and loss curves with
 matplotlib's Agg backend (no display needed). Depends on the standard library and matplotlib
 (imported inside `plot_run`), not on torch or Ray.
 """
@@ -32,6 +32,13 @@ class StepMetrics:
     clipfrac: float | None = None
     kl: float | None = None
     entropy: float | None = None
+    rollout_log_ratio_mean: float | None = None
+    """Mean over the step's tokens of log pi_train - log pi_rollout (the trainer's log-probs before
+    the update against the engine's, for the sampled tokens)."""
+    rollout_log_ratio_abs_max: float | None = None
+    """The largest |log pi_train - log pi_rollout| of the step."""
+    rollout_k3: float | None = None
+    """Mean k3 estimate of KL(pi_rollout || pi_train) per token."""
 
     @property
     def tokens_per_second(self) -> float:
@@ -63,10 +70,12 @@ class StepMetrics:
             return f" {name}={value:.4f}" if value is not None else ""
 
         kind = "critic-only" if self.critic_only else "ppo"
+        mismatch = (f" rollout_mismatch(k3={self.rollout_k3:.2e} max|log_ratio|={self.rollout_log_ratio_abs_max:.2e})"
+                    if self.rollout_k3 is not None else "")
         return (
             f"step {self.step + 1}/{total_steps} [{kind}] reward={self.reward_mean:.4f}"
             f"{fmt('value_loss', self.value_loss)}{fmt('policy_loss', self.policy_loss)}{fmt('kl', self.kl)}"
-            f"{fmt('entropy', self.entropy)} {self.seconds:.2f}s {self.tokens_per_second:.0f} tok/s"
+            f"{fmt('entropy', self.entropy)}{mismatch} {self.seconds:.2f}s {self.tokens_per_second:.0f} tok/s"
         )
 
 
@@ -123,12 +132,18 @@ def plot_run(history: list[StepMetrics], path: str | Path) -> Path:
 
 
 def summarize_run(history: list[StepMetrics], *, window: int = 3) -> dict:
-    """The figures a run is judged by: time per step and stage, tokens/s, and the reward curve's ends
-    (each end also as the mean of `window` steps, since a single step's reward is noisy)."""
+    """The figures a run is judged by: time per step and stage, tokens/s, the reward curve's ends
+    (each end also as the mean of `window` steps, since a single step's reward is noisy), and the
+    rollout/training mismatch (the mean of the steps' k3, the largest |log-ratio|)."""
     if not history:
         return {"steps": 0}
     seconds = sum(m.seconds for m in history)
     stages = sorted({name for m in history for name in m.stage_seconds})
+    measured = [m for m in history if m.rollout_k3 is not None]
+    mismatch = {
+        "rolloutK3Mean": sum(m.rollout_k3 for m in measured) / len(measured),
+        "rolloutLogRatioAbsMax": max(m.rollout_log_ratio_abs_max for m in measured),
+    } if measured else {}
     return {
         "steps": len(history),
         "secondsPerStep": round(seconds / len(history), 3),
@@ -140,4 +155,5 @@ def summarize_run(history: list[StepMetrics], *, window: int = 3) -> dict:
         "rewardEnd": round(history[-1].reward_mean, 4),
         f"rewardFirst{window}Mean": round(sum(m.reward_mean for m in history[:window]) / len(history[:window]), 4),
         f"rewardLast{window}Mean": round(sum(m.reward_mean for m in history[-window:]) / len(history[-window:]), 4),
+        **mismatch,
     }

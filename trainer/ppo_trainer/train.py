@@ -2,7 +2,7 @@
 
 `train` is the whole schedule of a run: each step generates and scores a batch (the rollout
 engines sleep afterwards when rollout offload is on), computes the actor's and the reference's
-log-probs once, trains the critic K times and gets its output back as ObjectRefs, and, unless the
+log-probs once (and how far the actor's are from the engine's), trains the critic K times and gets its output back as ObjectRefs, and, unless the
 step is a critic-only warm-up step, trains the actor on those refs (`external_data`; the driver
 never fetches them) and sends the new weights to the engines. In warm-up steps the actor did not
 change, so the sync is skipped and counted. `run` wires a run together (prompts, roles, resume).
@@ -14,6 +14,7 @@ import time
 
 import ray
 
+from ppo_trainer.algorithms import summarize_mismatch
 from ppo_trainer.checkpoint import CheckpointManager, TrainerState, capture_rng, restore_rng
 from ppo_trainer.data import PromptSampler, load_jsonl_prompts, synthetic_prompts
 from ppo_trainer.metrics import StageTimer, StepMetrics
@@ -41,7 +42,7 @@ def train(spec: PPOJobSpec, *, roles: Roles, sampler: PromptSampler, state: Trai
             if spec.offload.rollout:
                 roles.rollout.call("sleep")
         with timer("log_probs"):  # once per step, for both critic and actor: one reward definition
-            old_log_probs = roles.actor.async_call("log_probs", *batch)
+            old_log_probs, mismatch = roles.actor.async_call("log_probs_and_mismatch", *batch, num_returns=2)
             ray.wait(old_log_probs, num_returns=len(old_log_probs))  # one role on the device at a time
             ref_log_probs = roles.ref.async_call("log_probs", *batch)
             ray.wait(ref_log_probs, num_returns=len(ref_log_probs))
@@ -66,7 +67,7 @@ def train(spec: PPOJobSpec, *, roles: Roles, sampler: PromptSampler, state: Trai
             state.critic_only_steps_done += 1
             state.weight_syncs_skipped += 1  # the actor did not change: nothing to send
         state.step = step + 1
-        metrics = summarize(step, critic_only, rollout_stats, critic_stats, actor_stats, timer)
+        metrics = summarize(step, critic_only, rollout_stats, critic_stats, actor_stats, ray.get(mismatch), timer)
         state.history.append(metrics.to_dict())
         status.step_done(metrics, state=state)
         if checkpoints is not None and should_checkpoint(spec, state.step):
@@ -76,8 +77,9 @@ def train(spec: PPOJobSpec, *, roles: Roles, sampler: PromptSampler, state: Trai
     return state
 
 
-def summarize(step, critic_only, rollout_stats, critic_stats, actor_stats, timer) -> StepMetrics:
-    """One step's metrics from the per-rank statistics (sums for counts, means for the rest)."""
+def summarize(step, critic_only, rollout_stats, critic_stats, actor_stats, mismatch, timer) -> StepMetrics:
+    """One step's metrics from the per-rank statistics (sums for counts, means for the rest; the
+    trainer's and the engine's log-probs compared over every rank's tokens)."""
     samples = sum(s["samples"] for s in rollout_stats)
 
     def mean(stats, key):
@@ -91,6 +93,7 @@ def summarize(step, critic_only, rollout_stats, critic_stats, actor_stats, timer
         value_loss=mean(critic_stats, "value_loss"), value_clipfrac=mean(critic_stats, "value_clipfrac"),
         policy_loss=mean(actor_stats, "policy_loss"), clipfrac=mean(actor_stats, "clipfrac"),
         kl=mean(actor_stats or critic_stats, "kl"), entropy=mean(actor_stats, "entropy"),
+        **summarize_mismatch(mismatch),
     )
 
 

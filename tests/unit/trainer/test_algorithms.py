@@ -8,13 +8,16 @@ import pytest
 import torch
 
 from ppo_trainer.algorithms import (
+    K3_BOUND,
     KL_ESTIMATORS,
+    LOG_RATIO_BOUND,
     entropy_from_logits,
     gae,
     kl_penalty,
     kl_shaped_rewards,
     log_probs_from_logits,
     masked_mean,
+    masked_moments,
     masked_sum,
     masked_whiten,
     policy_loss,
@@ -127,6 +130,27 @@ def test_masked_whiten_gives_zero_mean_unit_variance_on_valid_entries():
     assert (out[mask == 0] == 0).all()
 
 
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_masked_whiten_of_shards_with_summed_moments_equals_whitening_the_whole_batch(ranks):
+    """Data-parallel ranks whiten their rows r::R with the sum of every rank's moments: the
+    advantages are the same as with one rank whitening the whole batch."""
+    mask = make_mask([5, 1, 0, 3, 6, 2, 6, 4, 3], 6)
+    x = poison_padding(3.0 + 2.0 * randn(9, 6, seed=31), mask)
+    whole = masked_whiten(x, mask)
+    shards = [torch.arange(r, 9, ranks) for r in range(ranks)]
+    moments = sum(masked_moments(x[rows], mask[rows]) for rows in shards)
+    torch.testing.assert_close(moments, masked_moments(x, mask), rtol=1e-12, atol=0)
+    for rows in shards:
+        close(masked_whiten(x[rows], mask[rows], moments=moments), whole[rows])
+        assert not torch.allclose(masked_whiten(x[rows], mask[rows]), whole[rows])  # its own moments differ
+
+
+def test_masked_moments_count_sum_and_squares():
+    mask = make_mask([2, 1], 2)
+    x = torch.tensor([[1.0, 2.0], [3.0, float("nan")]])
+    assert masked_moments(x, mask).tolist() == [3.0, 6.0, 14.0]
+
+
 # ---------------------------------------------------------------------------------------------
 # KL estimators and KL-shaped rewards
 
@@ -153,6 +177,25 @@ def test_kl_penalty_matches_formulas(estimator):
 def test_kl_penalty_is_zero_for_identical_policies(estimator):
     logp = -randn(2, 3, seed=7).abs()
     assert (kl_penalty(logp, logp.clone(), estimator=estimator) == 0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_k3_reward_stays_finite_and_bounded_for_extreme_log_ratios(dtype):
+    """Past a log-ratio of ~88, exp overflows float32: without a clamp the reward is -inf, or NaN
+    with kl_coef 0. The k3 term is bounded by K3_BOUND; its gradient is finite too."""
+    ref_logp = torch.tensor([[0.0, -1e4, -200.0, -95.0, -1.0]], dtype=dtype)
+    logp = torch.tensor([[-1e4, 0.0, -1.0, -1.0, -1.0]], dtype=dtype, requires_grad=True)
+    mask = torch.ones(1, 5)
+    k3 = kl_penalty(logp, ref_logp, estimator="k3")
+    assert torch.isfinite(k3).all() and (k3 >= 0).all() and (k3 <= K3_BOUND).all()
+    assert k3[0, -1].item() == 0.0 and k3[0, 0].item() == K3_BOUND
+    k3.sum().backward()
+    assert torch.isfinite(logp.grad).all()
+    for kl_coef in (0.0, 0.1):
+        rewards = kl_shaped_rewards(torch.ones(1), logp.detach(), ref_logp, mask, kl_coef=kl_coef, estimator="k3")
+        advantages, returns = gae(rewards.float(), torch.zeros(1, 5), mask, gamma=1.0, lam=0.95)
+        for tensor in (rewards, advantages, returns, masked_whiten(advantages, mask)):
+            assert torch.isfinite(tensor).all(), kl_coef
 
 
 def test_kl_penalty_unknown_estimator_lists_choices():
@@ -404,6 +447,24 @@ def test_policy_loss_clipped_tokens_get_no_gradient():
     )
     loss.backward()
     assert logp.grad.item() == 0.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dual_clip", [None, 3.0])
+def test_policy_loss_and_gradients_stay_finite_for_extreme_log_ratios(dtype, dual_clip):
+    """exp(logp - old_logp) overflows past ~88 in float32: the log-ratio is clamped at
+    LOG_RATIO_BOUND first, so loss, statistics and gradient are finite for both signs of A."""
+    log_ratio = torch.tensor([[1e4, 200.0, 89.0, -89.0, -1e4, 0.1], [-200.0, 1e4, 95.0, -95.0, 30.0, -30.0]])
+    old_logp = torch.full_like(log_ratio, -5.0)
+    logp = (old_logp + log_ratio).to(dtype).requires_grad_()
+    adv = torch.tensor([[1.0, -1.0, -2.0, 1.0, -1.0, 1.0], [1.0, -1.0, 1.0, -1.0, -1.0, 1.0]], dtype=dtype)
+    loss, stats = policy_loss(logp, old_logp.to(dtype), adv, torch.ones(2, 6), clip_eps=0.2, dual_clip=dual_clip)
+    loss.backward()
+    assert torch.isfinite(loss) and all(torch.isfinite(v) for v in stats.values())
+    assert torch.isfinite(logp.grad).all()
+    # Beyond the bound a token's gradient is 0: its ratio is far outside the clip anyway.
+    beyond = log_ratio.abs() > LOG_RATIO_BOUND
+    assert torch.all(logp.grad[beyond] == 0) and torch.any(logp.grad[~beyond] != 0)
 
 
 @pytest.mark.parametrize("dual_clip", [1.0, 0.5, -2.0])

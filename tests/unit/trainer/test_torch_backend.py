@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ppo_trainer.algorithms import masked_mean
+from ppo_trainer.algorithms import aggregate_loss, batch_counts
 from ppo_trainer.backends.torch_backend import TorchBackend
 from ppo_trainer.rollout.base import Generation
 from ppo_trainer.rollout.layout import build_rollout_batch
@@ -40,9 +40,13 @@ def sample_batch(rows: int = 6):
     return make_batch(prompts, responses)
 
 
+SAMPLE_TOKENS = sample_batch().num_response_tokens
+
+
 def nll_loss(output, rows):
-    loss = -output["log_probs"].sum() / output["log_probs"].shape[0]
-    return loss, {"entropy": output["entropy"].mean().item()}
+    """A loss term of `sample_batch()` (`LossFn`): the micro-batch's token sum over the batch's tokens."""
+    loss = -output["log_probs"].sum() / SAMPLE_TOKENS
+    return loss, {"entropy": output["entropy"].sum().item() / SAMPLE_TOKENS}
 
 
 # --- forward -----------------------------------------------------------------------------------
@@ -106,13 +110,16 @@ def test_critic_forward_values_are_the_head_on_the_state_before_each_response_to
 # --- train -------------------------------------------------------------------------------------
 
 
-def test_train_step_lowers_the_loss_and_reports_averaged_stats():
+def test_train_step_lowers_the_loss_and_reports_the_sum_of_the_terms():
     batch = sample_batch()
     backend = make_backend()
-    before = -backend.forward(batch)["log_probs"].sum().item()
+    out = backend.forward(batch, with_entropy=True)
+    before = -out["log_probs"].sum().item()
     stats = [backend.train(batch, nll_loss, micro_batch_size=2) for _ in range(5)]
     after = -backend.forward(batch)["log_probs"].sum().item()
     assert after < before
+    assert stats[0]["loss"] == pytest.approx(before / SAMPLE_TOKENS, rel=1e-5)  # the whole batch's mean NLL
+    assert stats[0]["entropy"] == pytest.approx(out["entropy"].sum().item() / SAMPLE_TOKENS, rel=1e-5)
     assert stats[-1]["loss"] < stats[0]["loss"]
     assert set(stats[0]) == {"loss", "entropy", "grad_norm", "skipped"}
     assert stats[0]["grad_norm"] > 0 and stats[0]["skipped"] == 0.0
@@ -122,9 +129,11 @@ def test_train_critic_fits_a_target():
     batch = sample_batch()
     critic = make_backend("critic")
 
+    counts = batch_counts(batch.response_mask)
+
     def mse(output, rows):
         mask = batch.response_mask[rows]
-        return masked_mean((output["values"] - 1.0) ** 2, mask), {}
+        return aggregate_loss((output["values"] - 1.0) ** 2, mask, mode="TokenMean", counts=counts), {}
 
     first = critic.train(batch, mse, micro_batch_size=3)["loss"]
     for _ in range(10):
@@ -136,7 +145,7 @@ def test_train_gradient_accumulation_matches_one_big_micro_batch():
     batch = sample_batch(6)
 
     def mean_loss(output, rows):
-        return -output["log_probs"].sum() / len(rows), {}
+        return -output["log_probs"].sum() / batch.num_response_tokens, {}
 
     def gradients_of_one_step(micro_batch_size):
         backend = make_backend(max_grad_norm=0.0)

@@ -17,12 +17,17 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ppo_trainer.algorithms.ppo import _check_same_shape
+from ppo_trainer.algorithms.ppo import LOG_RATIO_BOUND, _check_same_shape
 
-__all__ = ["KL_ESTIMATORS", "gae", "kl_penalty", "kl_shaped_rewards"]
+__all__ = ["K3_BOUND", "KL_ESTIMATORS", "gae", "kl_penalty", "kl_shaped_rewards"]
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 """Schulman's estimators of KL(pi || ref) from tokens sampled from pi."""
+
+K3_BOUND = 10.0
+"""The k3 estimate of one token is at most 10 nats: past a log-ratio of ~88 its ``exp`` overflows
+float32 (the reward and the advantages would be -inf, or NaN with klCoef 0), and one token far
+off the reference should not outweigh every score in the batch."""
 
 
 def kl_penalty(logp: Tensor, ref_logp: Tensor, *, estimator: str) -> Tensor:
@@ -33,6 +38,9 @@ def kl_penalty(logp: Tensor, ref_logp: Tensor, *, estimator: str) -> Tensor:
         k1 = -log_r                   (unbiased, high variance, can be negative)
         k2 = 0.5 * log_r ** 2         (biased, low variance, >= 0)
         k3 = exp(log_r) - log_r - 1   (unbiased, low variance, >= 0)
+
+    For k3, ``log_r`` is clamped to ``±LOG_RATIO_BOUND`` and the estimate to at most ``K3_BOUND``,
+    so it stays finite (and its gradient too) for any finite log-probs.
     """
     _check_same_shape(logp=logp, ref_logp=ref_logp)
     log_r = ref_logp - logp
@@ -41,7 +49,8 @@ def kl_penalty(logp: Tensor, ref_logp: Tensor, *, estimator: str) -> Tensor:
     if estimator == "k2":
         return 0.5 * log_r**2
     if estimator == "k3":
-        return torch.expm1(log_r) - log_r  # exp(x) - 1 - x, accurate near x = 0
+        log_r = torch.clamp(log_r, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+        return torch.clamp(torch.expm1(log_r) - log_r, max=K3_BOUND)  # exp(x) - 1 - x, accurate near x = 0
     raise ValueError(f"unknown KL estimator {estimator!r}; valid choices: {', '.join(KL_ESTIMATORS)}")
 
 

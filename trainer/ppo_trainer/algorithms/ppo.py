@@ -3,7 +3,9 @@
 Shapes: ``B`` = batch, ``T`` = response length (right-padded), ``V`` = vocabulary. A ``mask`` is a
 float or bool tensor ``[B, T]`` with 1 on real response tokens. Every function takes tensors and
 explicit keyword hyperparameters and returns tensors; nothing here may depend on Ray, process
-groups, devices chosen at run time, or configuration objects.
+groups, devices chosen at run time, or configuration objects. The losses reduce their per-token
+terms with `aggregation.aggregate_loss` over the counts of the whole batch (by default the
+batch given: a plain mean), so micro-batches of one batch add up to that batch's loss.
 """
 
 from __future__ import annotations
@@ -14,16 +16,25 @@ import torch
 import torch.utils.checkpoint
 from torch import Tensor
 
+from ppo_trainer.algorithms.aggregation import TOKEN_MEAN, BatchCounts, aggregate_loss, batch_counts
+
 __all__ = [
+    "LOG_RATIO_BOUND",
     "chunked_log_probs_and_entropy",
     "entropy_from_logits",
     "log_probs_from_logits",
     "masked_mean",
+    "masked_moments",
     "masked_sum",
     "masked_whiten",
     "policy_loss",
     "value_loss",
 ]
+
+LOG_RATIO_BOUND = 20.0
+"""Log-ratios of two policies' token probabilities are clamped to [-20, 20] before ``exp``:
+exp(20) ~ 4.9e8 is finite in float32 and bfloat16, where exp overflows past ~88, and ratios that
+far from 1 are clipped by PPO anyway (the clamp only zeroes gradients the clip would not pass)."""
 
 
 def _check_same_shape(**tensors: Tensor) -> None:
@@ -32,6 +43,13 @@ def _check_same_shape(**tensors: Tensor) -> None:
     if len(set(shapes.values())) > 1:
         listed = ", ".join(f"{name} {shape}" for name, shape in shapes.items())
         raise ValueError(f"shape mismatch: {listed}; these tensors must all have the same shape")
+
+
+def _zero_padding(mask: Tensor, *tensors: Tensor) -> tuple[Tensor, ...]:
+    """The tensors with 0 where the mask is 0, so that NaN or inf on padding reaches neither a loss
+    nor, through the operations after this one, its gradient."""
+    valid = mask.bool()
+    return tuple(torch.where(valid, t, torch.zeros_like(t)) for t in tensors)
 
 
 def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
@@ -55,16 +73,32 @@ def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     return torch.where(count > 0, total / count.clamp(min=torch.finfo(total.dtype).tiny), 0.0)
 
 
-def masked_whiten(x: Tensor, mask: Tensor, *, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
+def masked_moments(x: Tensor, mask: Tensor) -> Tensor:
+    """``[count, sum, sum of squares]`` of ``x``'s masked entries, float64 ``[3]``.
+
+    Moments of parts of a batch add up to the moments of the whole (so data-parallel ranks can
+    sum theirs and whiten with the whole batch's mean and variance: `masked_whiten(moments=...)`).
+    """
+    _check_same_shape(x=x, mask=mask)
+    valid = mask.bool()
+    values = torch.where(valid, x, torch.zeros_like(x)).double()
+    return torch.stack([valid.sum().double(), values.sum(), (values * values).sum()])
+
+
+def masked_whiten(
+    x: Tensor, mask: Tensor, *, shift_mean: bool = True, eps: float = 1e-8, moments: Tensor | None = None
+) -> Tensor:
     """Normalize ``x`` to zero mean and unit variance over its masked entries.
 
     x, mask: ``[B, T]`` (any equal shapes). Mean and (population) variance are taken over all
-    valid entries together. ``shift_mean=False`` keeps the original mean and only rescales.
-    Returns the same shape as ``x`` with zeros where the mask is 0.
+    valid entries together, in float64, from `moments` (`masked_moments` of the whole batch, when
+    ``x`` is one shard of it) or else from ``x`` itself. ``shift_mean=False`` keeps the original
+    mean and only rescales. Returns the same shape as ``x`` with zeros where the mask is 0.
     """
-    mean = masked_mean(x, mask)
-    var = masked_mean((x - mean) ** 2, mask)
-    whitened = (x - mean) * torch.rsqrt(var + eps)
+    count, total, squares = (masked_moments(x, mask) if moments is None else moments.double()).tolist()
+    mean = total / count if count > 0 else 0.0
+    var = max(squares / count - mean * mean, 0.0) if count > 0 else 0.0
+    whitened = (x - mean) * (var + eps) ** -0.5
     if not shift_mean:
         whitened = whitened + mean
     return torch.where(mask.bool(), whitened, torch.zeros_like(whitened))
@@ -79,11 +113,15 @@ def policy_loss(
     clip_eps: float,
     clip_eps_high: float | None = None,
     dual_clip: float | None = None,
+    aggregation: str = TOKEN_MEAN,
+    counts: BatchCounts | None = None,
+    token_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO clipped surrogate loss, with asymmetric clipping and optional dual clip.
 
-    logp, old_logp, advantages, mask: ``[B, T]``. The ratio ``r = exp(logp - old_logp)`` is
-    clipped to ``[1 - clip_eps, 1 + clip_eps_high]`` (``clip_eps_high`` defaults to ``clip_eps``):
+    logp, old_logp, advantages, mask: ``[B, T]``. The ratio ``r = exp(logp - old_logp)``, its
+    log clamped to ``±LOG_RATIO_BOUND``, is clipped to ``[1 - clip_eps, 1 + clip_eps_high]``
+    (``clip_eps_high`` defaults to ``clip_eps``):
 
         pg_loss1 = -A * r
         pg_loss2 = -A * clip(r, 1 - clip_eps, 1 + clip_eps_high)
@@ -91,8 +129,12 @@ def policy_loss(
 
     Dual clip (``dual_clip = c > 1``) bounds the loss of tokens with ``A < 0`` at ``-c * A``:
     ``pg_loss3 = -c * A``; ``pg_loss = min(pg_loss, pg_loss3)`` where ``A < 0``.
+    ``token_weights`` ``[B, T]`` (constants, e.g. `truncated_importance_weights`) multiply each
+    token's ``pg_loss``.
 
-    Returns the masked mean of ``pg_loss`` (a scalar) and detached scalar statistics:
+    Returns ``aggregate_loss(pg_loss, mask, mode=aggregation, counts=counts)`` (a scalar; `counts`
+    of the whole batch when ``logp`` is one micro-batch of it, by default this batch's own) and
+    detached scalar statistics, each this batch's part of a token mean over ``counts.tokens``:
     ``clipfrac`` (tokens where the clipped term was chosen), ``approx_kl`` (k3 estimate of
     KL(old || new) on the sampled tokens), ``dual_clipfrac`` (tokens bounded by the dual clip).
     """
@@ -105,8 +147,10 @@ def policy_loss(
         )
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip={dual_clip} must be > 1 (e.g. 3.0), or None to disable the dual clip")
+    counts = batch_counts(mask) if counts is None else counts
+    logp, old_logp, advantages = _zero_padding(mask, logp, old_logp, advantages)
 
-    log_ratio = logp - old_logp
+    log_ratio = torch.clamp(logp - old_logp, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     ratio = torch.exp(log_ratio)
     pg_loss1 = -advantages * ratio
     pg_loss2 = -advantages * torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps_high)
@@ -119,13 +163,16 @@ def policy_loss(
     else:
         dual_clipped = torch.zeros_like(mask, dtype=torch.bool)
         pg_loss = pg_loss_clipped
+    if token_weights is not None:
+        _check_same_shape(logp=logp, token_weights=token_weights)
+        pg_loss = pg_loss * _zero_padding(mask, token_weights.detach())[0]
 
-    loss = masked_mean(pg_loss, mask)
+    loss = aggregate_loss(pg_loss, mask, mode=aggregation, counts=counts)
     with torch.no_grad():
         stats = {
-            "clipfrac": masked_mean((pg_loss2 > pg_loss1).to(logp.dtype), mask),
-            "approx_kl": masked_mean((ratio - 1.0) - log_ratio, mask),
-            "dual_clipfrac": masked_mean(dual_clipped.to(logp.dtype), mask),
+            "clipfrac": aggregate_loss((pg_loss2 > pg_loss1).to(logp.dtype), mask, mode=TOKEN_MEAN, counts=counts),
+            "approx_kl": aggregate_loss((ratio - 1.0) - log_ratio, mask, mode=TOKEN_MEAN, counts=counts),
+            "dual_clipfrac": aggregate_loss(dual_clipped.to(logp.dtype), mask, mode=TOKEN_MEAN, counts=counts),
         }
     return loss, stats
 
@@ -137,15 +184,20 @@ def value_loss(
     mask: Tensor,
     *,
     clip_range: float | None,
+    aggregation: str = TOKEN_MEAN,
+    counts: BatchCounts | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Clipped value loss: ``0.5 * max((v - R)^2, (v_clipped - R)^2)``, masked mean.
+    """Clipped value loss: ``0.5 * max((v - R)^2, (v_clipped - R)^2)``, aggregated like `policy_loss`.
 
     values, old_values, returns, mask: ``[B, T]``. ``v_clipped = old + clamp(v - old, -c, c)``
     with ``c = clip_range``; ``clip_range=None`` gives the plain ``0.5 * (v - R)^2``.
-    Returns a scalar loss and detached statistics: ``clipfrac`` (tokens where the clipped term
-    was the larger one).
+    Returns ``aggregate_loss`` of the per-token loss (`counts` of the whole batch, by default
+    this one's) and detached statistics: ``clipfrac`` (tokens where the clipped term was the
+    larger one; this batch's part of a token mean over ``counts.tokens``).
     """
     _check_same_shape(values=values, old_values=old_values, returns=returns, mask=mask)
+    counts = batch_counts(mask) if counts is None else counts
+    values, old_values, returns = _zero_padding(mask, values, old_values, returns)
     v_loss_unclipped = (values - returns) ** 2
     if clip_range is None:
         v_loss_max = v_loss_unclipped
@@ -157,9 +209,9 @@ def value_loss(
         v_loss_clipped = (v_clipped - returns) ** 2
         v_loss_max = torch.maximum(v_loss_unclipped, v_loss_clipped)
         clipped = v_loss_clipped > v_loss_unclipped
-    loss = 0.5 * masked_mean(v_loss_max, mask)
+    loss = 0.5 * aggregate_loss(v_loss_max, mask, mode=aggregation, counts=counts)
     with torch.no_grad():
-        stats = {"clipfrac": masked_mean(clipped.to(values.dtype), mask)}
+        stats = {"clipfrac": aggregate_loss(clipped.to(values.dtype), mask, mode=TOKEN_MEAN, counts=counts)}
     return loss, stats
 
 

@@ -18,6 +18,10 @@ from ppo_trainer.batch import RolloutBatch
 # loss_fn(model_output, micro_batch_rows) -> (scalar loss, stats). model_output is [b, T]
 # per-token log-probs plus entropy for a policy ({"log_probs", "entropy"}), or values for a
 # critic ({"values"}); micro_batch_rows indexes the rows of the batch being trained on.
+# The loss is the micro-batch's TERM of the whole batch's loss: the terms of every micro-batch of
+# every data-parallel rank add up to it (algorithms/aggregation.py), and so do the stats. A
+# backend sums the terms' gradients over its micro-batches and over the ranks, so the update is
+# the same for any micro-batch size and rank count.
 # model_output lives on the backend's device (cuda on GPUs) while the batch stays on CPU: a
 # loss_fn moves what it reads from the batch to `model_output[...].device`.
 LossFn = Callable[[dict[str, torch.Tensor], torch.Tensor], tuple[torch.Tensor, dict[str, float]]]
@@ -64,7 +68,9 @@ class TrainBackend(Protocol):
         ...
 
     def train(self, batch: RolloutBatch, loss_fn: LossFn, *, micro_batch_size: int) -> dict[str, float]:
-        """One optimizer step over the batch (gradients accumulated over micro-batches)."""
+        """One optimizer step on the sum of loss_fn's terms over the micro-batches and the data-parallel
+        ranks; returns "loss" and loss_fn's stats summed the same way (the whole batch's, on every
+        rank), "grad_norm" and "skipped"."""
         ...
 
     def offload(self) -> None:

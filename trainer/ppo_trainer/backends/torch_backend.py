@@ -5,9 +5,10 @@ micro-batched forward passes over the RolloutBatch layout, gradient accumulation
 clipping, one optimizer step per `train` call, and offload/onload as an explicit two-state
 machine (on device <-> on host) that moves parameters, gradients and optimizer state. With
 several data-parallel ranks (torch.distributed's default group, which roles/base.py builds while
-the role is awake) the accumulated gradients are averaged over the ranks before clipping, so the
-ranks take identical steps. It knows no PPO: the loss comes from the caller. Must not depend on
-Ray or the PPO loop, nor build process groups itself.
+the role is awake) the accumulated gradients are summed over the ranks before clipping (each
+micro-batch's loss is its term of the whole batch's loss), so the ranks take identical steps,
+the step of one rank on the whole batch. It knows no PPO: the loss comes from the caller. Must
+not depend on Ray or the PPO loop, nor build process groups itself.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 from ppo_trainer.algorithms.ppo import chunked_log_probs_and_entropy
 from ppo_trainer.backends.base import LossFn, check_backend_arguments, cpu_copy
 from ppo_trainer.batch import RolloutBatch
-from ppo_trainer.distributed import average_gradients
+from ppo_trainer.distributed import all_reduce_sum, sum_gradients
 from ppo_trainer.models.builtin import build_policy, build_value_model, resolve_dtype
 from ppo_trainer.models.residency import HostMirror
 from ppo_trainer.rollout.layout import aligned_rows
@@ -112,14 +113,14 @@ class TorchBackend:
         return {key: torch.cat(chunks) for key, chunks in parts.items()}
 
     def train(self, batch: RolloutBatch, loss_fn: LossFn, *, micro_batch_size: int) -> dict[str, float]:
-        """One optimizer step over the batch; micro-batch losses are weighted by their share of rows.
+        """One optimizer step on the sum of loss_fn's terms over the micro-batches and the ranks.
 
         loss_fn receives this backend's outputs for the micro-batch ([b, T], on the backend's
-        device; policies get "log_probs" and "entropy") and the batch row indices. With several
-        data-parallel ranks the gradients are then averaged over them (each rank's `batch` is its
-        shard, so the step equals one over the whole batch with the same micro-batches). Returns the
-        row-weighted averages of "loss" and loss_fn's stats, plus "grad_norm" (before clipping)
-        and "skipped" (1.0 when a non-finite gradient norm skipped the step).
+        device; policies get "log_probs" and "entropy") and the batch row indices, and returns the
+        micro-batch's term of the whole batch's loss (`LossFn`). With several data-parallel ranks
+        (each rank's `batch` is its shard) the gradients are summed over them. Returns "loss" and
+        loss_fn's stats summed over the micro-batches and the ranks, plus "grad_norm" (before
+        clipping) and "skipped" (1.0 when a non-finite gradient norm skipped the step).
         """
         self._require_on_device("train")
         if self.optimizer is None:
@@ -130,20 +131,21 @@ class TorchBackend:
         self.optimizer.zero_grad(set_to_none=True)
         totals: dict[str, float] = {"loss": 0.0}
         for rows in torch.arange(batch.size).split(micro_batch_size):
-            weight = len(rows) / batch.size
             loss, stats = loss_fn(self._outputs(batch, rows, with_entropy=not self.is_value_model), rows)
-            (loss * weight).backward()
-            totals["loss"] += weight * float(loss.detach())
+            loss.backward()
+            totals["loss"] += float(loss.detach())
             for key, value in stats.items():
-                totals[key] = totals.get(key, 0.0) + weight * float(value)
-        average_gradients(self.model.parameters())
+                totals[key] = totals.get(key, 0.0) + float(value)
+        sum_gradients(self.model.parameters())
         max_norm = self.max_grad_norm if self.max_grad_norm > 0 else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
         finite = math.isfinite(grad_norm)
         if finite:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return {**totals, "grad_norm": grad_norm, "skipped": 0.0 if finite else 1.0}
+        keys = sorted(totals)
+        summed = all_reduce_sum(torch.tensor([totals[key] for key in keys], dtype=torch.float64))
+        return {**dict(zip(keys, summed.tolist())), "grad_norm": grad_norm, "skipped": 0.0 if finite else 1.0}
 
     def _outputs(
         self, batch: RolloutBatch, rows: torch.Tensor, *, with_entropy: bool

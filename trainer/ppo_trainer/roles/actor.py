@@ -2,7 +2,11 @@
 
 `train` receives the critic's `CriticOutput` for this rank as `external_data` (Ray resolved the
 ObjectRef before the task started), derives the same targets the critic used, checks the
-returns agree, whitens the advantages and runs `ppo.epochs` clipped-policy-loss passes. In the
+returns agree, whitens the advantages over the whole batch (the ranks sum their moments) and
+runs `ppo.epochs` clipped-policy-loss passes, each micro-batch's loss normalised by the whole
+batch's counts (`ppo.lossAggregation`) and, with `ppo.rolloutCorrection`, reweighted by
+truncated importance weights against the engine's log-probs. `log_probs_and_mismatch` gives the
+step's log-probs before the update and how far they are from the engine's. In the
 Disaggregated layout rank 0 owns the weight-update group with the rollout workers
 (`DistributedWeightSync`, built by `roles/link.py`): connected right after it wakes, broadcast in
 buckets, disconnected right before it sleeps, each a reported transition of the same offload
@@ -16,11 +20,22 @@ import collections
 
 import torch
 
-from ppo_trainer.algorithms import load_advantage_function, masked_mean, masked_whiten, policy_loss
+from ppo_trainer.algorithms import (
+    TOKEN_MEAN,
+    aggregate_loss,
+    load_advantage_function,
+    log_prob_mismatch,
+    masked_moments,
+    masked_whiten,
+    policy_loss,
+    truncated_importance_weights,
+)
 from ppo_trainer.batch import CriticOutput, RolloutBatch
+from ppo_trainer.distributed import all_reduce_sum
 from ppo_trainer.offload import Residency
 from ppo_trainer.roles.base import RoleWorker, take_rows
 from ppo_trainer.roles.targets import check_same_returns, compute_targets
+from ppojob_api.vocabulary import RolloutCorrection
 
 
 class ActorWorker(RoleWorker):
@@ -57,6 +72,15 @@ class ActorWorker(RoleWorker):
             self.link.sleep(self._sync.disconnect)
         return super().sleep()
 
+    def log_probs_and_mismatch(self, *parts: RolloutBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """This rank's log-probs of the sampled tokens before the update ([B_rank, T], as `log_probs`),
+        and their mismatch with the engine's (`log_prob_mismatch` sums; the group asks Ray for two
+        return refs, so the log-probs stay refs while the driver reads the sums)."""
+        batch = self.shard(parts)
+        with self.turn("compute log-probs"):
+            log_probs = self.backend.forward(batch)["log_probs"]
+        return log_probs, log_prob_mismatch(log_probs, batch.rollout_log_probs, batch.response_mask)
+
     def train(
         self,
         *parts: RolloutBatch,
@@ -67,46 +91,58 @@ class ActorWorker(RoleWorker):
     ) -> dict[str, float]:
         """`stay_awake`: the weight sync comes next and puts the rank to sleep when it is done (one
         offload and onload fewer per step)."""
-        batch = self.shard(parts)
+        batch, counts = self.training_batch(parts)
         mask = batch.response_mask
         self.received = external_data
         values = external_data.values if external_data is not None else torch.zeros_like(mask)
+        ppo = self.spec.ppo
         targets = compute_targets(
             batch,
             values=values,
             old_log_probs=old_log_probs,
             ref_log_probs=ref_log_probs,
-            ppo=self.spec.ppo,
+            ppo=ppo,
             advantage_fn=self.advantage_fn,
         )
         if external_data is not None:
-            check_same_returns(targets.returns, external_data.returns, function=self.spec.ppo.custom_advantage_function)
-        advantages = targets.advantages
-        if self.spec.ppo.normalize_advantages:
-            advantages = masked_whiten(advantages, mask)
-        ppo = self.spec.ppo
+            check_same_returns(targets.returns, external_data.returns, function=ppo.custom_advantage_function)
+        correction = ppo.rollout_correction
+        weights = None
+        if correction.type == RolloutCorrection.TRUNCATED_IMPORTANCE_SAMPLING:
+            weights = truncated_importance_weights(old_log_probs, batch.rollout_log_probs, mask, cap=correction.cap)
+        aggregation = ppo.loss_aggregation.value
 
         def loss_fn(output: dict[str, torch.Tensor], rows: torch.Tensor):
             logp = output["log_probs"]
+            rows_mask = take_rows(mask, rows, logp)
             pg_loss, stats = policy_loss(
                 logp,
                 take_rows(old_log_probs, rows, logp),
                 take_rows(advantages, rows, logp),
-                take_rows(mask, rows, logp),
+                rows_mask,
                 clip_eps=ppo.clip_eps,
                 clip_eps_high=ppo.clip_eps_high,
                 dual_clip=ppo.dual_clip,
+                aggregation=aggregation,
+                counts=counts,
+                token_weights=take_rows(weights, rows, logp) if weights is not None else None,
             )
-            entropy = masked_mean(output["entropy"], take_rows(mask, rows, logp))
-            loss = pg_loss - ppo.entropy_coef * entropy
+            entropy = output["entropy"]
+            entropy_term = aggregate_loss(entropy, rows_mask, mode=aggregation, counts=counts)
+            loss = pg_loss - ppo.entropy_coef * entropy_term
             return loss, {
-                "policy_loss": float(pg_loss),
+                "policy_loss": float(pg_loss.detach()),
                 "clipfrac": float(stats["clipfrac"]),
                 "approx_kl": float(stats["approx_kl"]),
-                "entropy": float(entropy),
+                "entropy": float(aggregate_loss(entropy.detach(), rows_mask, mode=TOKEN_MEAN, counts=counts)),
             }
 
         with self.turn("train", stay_awake=stay_awake):
+            advantages = targets.advantages
+            if ppo.normalize_advantages:
+                # The whole batch's mean and variance: the moments of every rank's rows, summed (the
+                # model-parallel ranks of one data rank repeat its rows, which leaves both unchanged).
+                advantages = masked_whiten(advantages, mask, moments=all_reduce_sum(masked_moments(advantages, mask)))
             passes = [
                 self.backend.train(batch, loss_fn, micro_batch_size=self.spec.actor.micro_batch_size)
                 for _ in range(ppo.epochs)

@@ -26,6 +26,7 @@ from collections.abc import Iterator
 
 import torch
 
+from ppo_trainer.algorithms import BatchCounts, batch_counts
 from ppo_trainer.backends.base import TrainBackend
 from ppo_trainer.batch import RolloutBatch
 from ppo_trainer.distributed import RoleProcessGroup
@@ -70,7 +71,7 @@ def use_all_cores(device: str) -> None:
 
 
 DATA_PARALLEL_ROLES = ("actor", "critic")
-"""The roles that train, and so average their gradients over their ranks."""
+"""The roles that train, and so sum their gradients over their ranks."""
 
 
 class RoleWorker:
@@ -187,9 +188,15 @@ class RoleWorker:
 
     def shard(self, parts: tuple[RolloutBatch, ...]) -> RolloutBatch:
         """This rank's rows of the step's batch (the engines' parts merged, then rows data_rank::data_size)."""
+        return self.training_batch(parts)[0]
+
+    def training_batch(self, parts: tuple[RolloutBatch, ...]) -> tuple[RolloutBatch, BatchCounts]:
+        """This rank's rows, and the counts of the whole step's batch that every rank's loss terms are
+        divided by (every rank receives all the engines' parts, so no collective is needed)."""
         from ppo_trainer.roles.rollout import merge_batches
 
-        return merge_batches(list(parts)).shard(self.data_rank, self.data_size)
+        merged = merge_batches(list(parts))
+        return merged.shard(self.data_rank, self.data_size), batch_counts(merged.response_mask)
 
     def log_probs(self, *parts: RolloutBatch) -> torch.Tensor:
         """[B_rank, T] float32 CPU log-probs of the sampled tokens under this rank's policy."""

@@ -1,5 +1,9 @@
 """The critic's rank: values before its update, K clipped-value-loss passes, values and returns handed on.
 
+Each micro-batch's value loss is normalised by the whole batch's counts (`ppo.lossAggregation`),
+as the actor's policy loss is, so the update does not depend on the micro-batch size or the
+number of ranks.
+
 `train` returns two objects (the group asks Ray for two return refs): the `CriticOutput` that
 goes, as an ObjectRef, to the same rank of the actor, and a small metrics dict the driver reads.
 So the driver never fetches the values. Targets come from `roles/targets.py` with the same
@@ -28,9 +32,10 @@ class CriticWorker(RoleWorker):
     def train(
         self, *parts: RolloutBatch, old_log_probs: torch.Tensor, ref_log_probs: torch.Tensor, updates: int
     ) -> tuple[CriticOutput, dict[str, float]]:
-        batch = self.shard(parts)
+        batch, counts = self.training_batch(parts)
         mask = batch.response_mask
         clip_range = self.spec.ppo.value_clip or None
+        aggregation = self.spec.ppo.loss_aggregation.value
         with self.turn("train"):
             values = self.backend.forward(batch)["values"].detach().to("cpu", torch.float32)
             targets = compute_targets(
@@ -46,9 +51,9 @@ class CriticWorker(RoleWorker):
                 v = output["values"]
                 v_loss, stats = value_loss(
                     v, take_rows(values, rows, v), take_rows(targets.returns, rows, v), take_rows(mask, rows, v),
-                    clip_range=clip_range,
+                    clip_range=clip_range, aggregation=aggregation, counts=counts,
                 )
-                return v_loss, {"value_loss": float(v_loss), "value_clipfrac": float(stats["clipfrac"])}
+                return v_loss, {"value_loss": float(v_loss.detach()), "value_clipfrac": float(stats["clipfrac"])}
 
             passes = [
                 self.backend.train(batch, loss_fn, micro_batch_size=self.spec.actor.micro_batch_size)

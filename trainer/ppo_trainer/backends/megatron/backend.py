@@ -24,7 +24,9 @@ schedule (1F1B over the micro-batches when pipelined), and what the last stage c
 (log-probs, values, loss statistics) is broadcast to the other stages, so every rank returns the
 same. When the role's process group is destroyed around a sleep, `release_process_groups` and
 `attach_process_groups` take megatron's groups down and up with it, re-pointing the references
-the layers, DDP buckets and optimizer keep. Must not depend on Ray or the PPO loop.
+the layers, DDP buckets and optimizer keep. The loss is normalised as in the Torch backend: each
+micro-batch's term of the whole batch's loss (`LossFn`), the terms' gradients summed over the
+micro-batches and the data-parallel ranks. Must not depend on Ray or the PPO loop.
 """
 
 from __future__ import annotations
@@ -316,7 +318,8 @@ class MegatronBackend:
         return {key: value.cpu() for key, value in outputs.items()}
 
     def train(self, batch: RolloutBatch, loss_fn: LossFn, *, micro_batch_size: int) -> dict[str, float]:
-        """One optimizer step over the batch; micro-batch losses weighted by their share of rows."""
+        """One optimizer step on the sum of loss_fn's terms over the micro-batches and the data-parallel
+        ranks (`LossFn`); "loss" and the stats summed the same way, on every rank."""
         self._require_on_device("train")
         if self.optimizer is None:
             raise ValueError(f"the {self.role!r} backend has no optimizer; only actor and critic train")
@@ -326,21 +329,26 @@ class MegatronBackend:
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
         micro_batches = math.ceil(batch.size / micro_batch_size)
+        data_parallel = parallel_state.get_data_parallel_world_size()
 
-        def weighted_loss(outputs: dict[str, torch.Tensor], rows: torch.Tensor):
-            # The schedule divides each micro-batch's loss by their count: weight by the share of rows instead.
-            weight = len(rows) / batch.size
+        def term(outputs: dict[str, torch.Tensor], rows: torch.Tensor):
+            # The schedule divides each micro-batch's loss by their count and DDP averages the
+            # gradients over the data-parallel ranks: undo both, so that the terms add up.
             loss, stats = loss_fn(outputs, rows)
-            return loss * (weight * micro_batches), {"loss": float(loss.detach()), **stats, "weight": weight}
+            return loss * (micro_batches * data_parallel), {"loss": float(loss.detach()), **stats}
 
-        parts = self._schedule(batch, micro_batch_size, weighted_loss, with_entropy=not self.is_value_model,
+        parts = self._schedule(batch, micro_batch_size, term, with_entropy=not self.is_value_model,
                                forward_only=False)
         finalize_model_grads([self.model])  # data-parallel reduce; the two copies of a tied embedding summed
         totals: dict[str, float] = {}
-        for part in parts:
-            for key, value in part.items():
-                if key != "weight":
-                    totals[key] = totals.get(key, 0.0) + part["weight"] * float(value)
+        if self.last_stage:
+            for part in parts:
+                for key, value in part.items():
+                    totals[key] = totals.get(key, 0.0) + float(value)
+            keys = sorted(totals)
+            summed = torch.tensor([totals[key] for key in keys], dtype=torch.float64, device=self.device)
+            dist.all_reduce(summed, group=parallel_state.get_data_parallel_group())
+            totals = dict(zip(keys, summed.tolist()))
         if self.pp_size > 1:
             carried = [totals]
             dist.broadcast_object_list(carried, src=parallel_state.get_pipeline_model_parallel_last_rank(),
