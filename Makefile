@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 export PPOJOB_CACHE ?= $(HOME)/.cache/ppojob
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help venv test test-unit test-integration test-e2e run run-llm demo bench-scale cluster-binaries cluster-up cluster-down cluster-env lint clean
+.PHONY: help venv test test-unit test-integration test-e2e run run-llm demo bench-scale cluster-binaries images cluster-up cluster-down cluster-env lint clean
 
 help:
 	@echo "make demo          the whole story on the local cluster (helm install, kubectl apply, watch it train)"
@@ -32,6 +32,11 @@ $(STAMP): pyproject.toml
 
 cluster-binaries: venv
 	@$(PY) -m local_cluster build
+
+# The pause, operator and CPU trainer images, built with buildah (as root, no daemon) into
+# $(PPOJOB_CACHE)/images/archives; docs/images.md. CONTAINERD=<socket> also imports them there.
+images: venv
+	@$(PY) -m local_cluster images $(if $(CONTAINERD),--containerd $(CONTAINERD))
 
 cluster-up: venv
 	@$(PY) -m local_cluster up
