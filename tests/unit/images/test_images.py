@@ -57,3 +57,21 @@ def test_operator_imports_without_torch():
     code = "import sys, ppo_operator.main; print(sorted(m for m in ('torch', 'ray') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("dockerfile", "default"),
+    [("operator", "python:3.11-slim"), ("trainer", "nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04")],
+)
+def test_dockerfile_takes_its_base_as_a_build_argument_with_the_production_default(dockerfile, default):
+    text = (REPO / "images" / dockerfile / "Dockerfile").read_text()
+    assert f"ARG BASE_IMAGE={default}\n" in text
+    bases = re.findall(r"^FROM (\S+)", text, re.MULTILINE)
+    assert bases and set(bases) == {"${BASE_IMAGE}"}, bases
+
+
+def test_trainer_image_runs_as_ray_with_uid_1000_and_a_bash_login_shell():
+    text = (REPO / "images/trainer/Dockerfile").read_text()
+    assert "useradd --uid 1000 --gid 1000 --create-home --shell /bin/bash ray" in text
+    assert re.findall(r"^USER (\S+)", text, re.MULTILINE)[-1] == "1000:1000"
+    assert "/etc/profile.d/" in text  # a login shell (KubeRay's bash -l) resets PATH on Debian
