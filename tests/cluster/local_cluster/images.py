@@ -249,10 +249,10 @@ def _require_tools(*tools: str) -> None:
         raise ImagesError("building the images needs root here (buildah's overlay storage, mmdebstrap's chroot)")
 
 
-def _ensure_base(base: DebianBase, steps: _Steps) -> dict:
+def _ensure_base(base: DebianBase, steps: _Steps, previous: dict) -> dict:
     if steps.image_id(base.image) is not None:
         steps.timing(f"base {base.image}", 0.0, "cached")
-        return {"image": base.image, "cached": True}
+        return {**(previous if previous.get("image") == base.image else {}), "image": base.image, "cached": True}
     tarball = steps.buildah.root / "tmp" / f"base-{base.key()}.tar"
     started = time.monotonic()
     try:
@@ -324,7 +324,7 @@ def build_images(*, base: DebianBase = BOOKWORM, out=sys.stdout) -> dict:
     steps = _Steps(root / "build.log", buildah, out)
     print(f"building the local images into {root} (log: {steps.log})", file=out, flush=True)
     started = time.monotonic()
-    record: dict = {"base": _ensure_base(base, steps)}
+    record: dict = {"base": _ensure_base(base, steps, previous.get("base", {}))}
     record[PAUSE_IMAGE] = _push(PAUSE_IMAGE, _ensure_pause(steps, previous), steps, previous.get(PAUSE_IMAGE, {}))
     volumes = trust_volumes(root, Path(os.environ.get("PIP_CERT") or "/etc/ssl/certs/ca-certificates.crt"))
     for image in dockerfile_images(base):
