@@ -78,7 +78,7 @@ def test_megatron_offload_round_trip_and_train_step(checkpoint):
 
     def loss_fn(output, rows):
         lp = output["log_probs"]
-        return -(lp * batch.response_mask[rows].to(lp.device)).sum() / batch.response_mask[rows].sum(), {}
+        return -(lp * batch.response_mask[rows].to(lp.device)).sum() / batch.response_mask.sum(), {}  # a term of the batch
 
     stats = backend.train(batch, loss_fn, micro_batch_size=2)
     assert torch.isfinite(torch.tensor(stats["grad_norm"])) and stats["skipped"] == 0.0
@@ -102,7 +102,7 @@ def test_megatron_resumes_from_its_state_dict_with_the_optimizer_state(checkpoin
 
     def loss_fn(output, rows):
         lp = output["log_probs"]
-        return -(lp * batch.response_mask[rows].to(lp.device)).sum() / batch.response_mask[rows].sum(), {}
+        return -(lp * batch.response_mask[rows].to(lp.device)).sum() / batch.response_mask.sum(), {}  # a term of the batch
 
     spec = ModelSpec(path=str(checkpoint), dtype=dtype)
     original = make("megatron", checkpoint, model_spec=spec)
@@ -140,3 +140,68 @@ def test_compiled_torch_backend_equals_eager_for_log_probs_values_and_a_train_st
         eager.train(batch, loss_fn, micro_batch_size=2)
         compiled.train(batch, loss_fn, micro_batch_size=2)
         torch.testing.assert_close(compiled.forward(batch)[key], eager.forward(batch)[key], atol=1e-4, rtol=0)
+
+
+def policy_loss_for(batch: RolloutBatch, *, mode: str):
+    """The actor's loss as roles/actor.py builds it (clipped policy loss plus an entropy bonus, each a
+    term of the whole batch), with fixed old log-probs and advantages."""
+    from ppo_trainer.algorithms import aggregate_loss, batch_counts, policy_loss
+
+    counts = batch_counts(batch.response_mask)
+    generator = torch.Generator().manual_seed(1)
+    old = -torch.rand(batch.response_mask.shape, generator=generator) * 6
+    advantages = torch.randn(batch.response_mask.shape, generator=generator)
+
+    def loss_fn(output, rows):
+        lp = output["log_probs"]
+        mask = batch.response_mask[rows].to(lp.device)
+        pg, _ = policy_loss(lp, old[rows].to(lp.device), advantages[rows].to(lp.device), mask, clip_eps=0.2,
+                            aggregation=mode, counts=counts)
+        return pg - 0.01 * aggregate_loss(output["entropy"], mask, mode=mode, counts=counts), {}
+
+    return loss_fn
+
+
+def gradients_by_hf_name(backend, batch, loss_fn, *, micro_batch_size: int) -> dict[str, torch.Tensor]:
+    """The reduced gradient of one `train` call under Hugging Face names; the step itself is skipped
+    (so one backend serves several calls)."""
+    from ppo_trainer.backends.megatron import conversion
+    from ppo_trainer.backends.megatron.backend import MegatronBackend
+
+    captured: dict[str, torch.Tensor] = {}
+    if isinstance(backend, MegatronBackend):
+        def record():
+            grads = {name: p.main_grad.detach().float().clone() for name, p in backend.gpt.named_parameters()}
+            grads = conversion.from_stage(grads, backend.shape, layers=backend.layers, first=backend.first_stage)
+            captured.update({name: g.cpu() for name, g in conversion.megatron_to_hf(grads, backend.shape)})
+            return True, 0.0, None
+    else:
+        def record():
+            captured.update({name: p.grad.detach().float().cpu() for name, p in backend.model.named_parameters()})
+    backend.optimizer.step = record
+    backend.train(batch, loss_fn, micro_batch_size=micro_batch_size)
+    return captured
+
+
+def relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    diff = torch.cat([(a[k] - b[k]).reshape(-1) for k in a])
+    return float(diff.norm() / torch.cat([b[k].reshape(-1) for k in b]).norm())
+
+
+@pytest.mark.parametrize("mode", ["TokenMean", "SequenceMeanTokenMean", "SequenceMeanTokenSum"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_megatron_gradient_is_the_same_for_any_micro_batch_and_equals_the_torch_backends(checkpoint, mode, dtype):
+    """The shared normalisation on megatron's schedule: micro-batches of 1 row and the whole batch give
+    the same gradient (fp32 round-off), and it equals the fp32 Torch backend's (within bf16's precision)."""
+    batch = make_batch()
+    loss_fn = policy_loss_for(batch, mode=mode)
+    unclipped = {"max_grad_norm": 0.0}  # the Torch backend clips before its step, megatron inside it
+    reference = gradients_by_hf_name(make("torch", checkpoint, **unclipped), batch, loss_fn, micro_batch_size=4)
+    backend = make("megatron", checkpoint, model_spec=ModelSpec(path=str(checkpoint), dtype=dtype), **unclipped)
+    whole = gradients_by_hf_name(backend, batch, loss_fn, micro_batch_size=4)
+    one_row = gradients_by_hf_name(backend, batch, loss_fn, micro_batch_size=1)
+    split, versus_torch = relative_difference(one_row, whole), relative_difference(whole, reference)
+    print(f"\n{mode} {dtype}: micro-batch 1 vs whole {split:.2e}; megatron vs torch {versus_torch:.2e}")
+    assert split < (1e-5 if dtype == "float32" else 1e-2)
+    assert versus_torch < (1e-3 if dtype == "float32" else 5e-2)

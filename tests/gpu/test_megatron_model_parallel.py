@@ -32,7 +32,7 @@ from test_megatron_backend import checkpoint, make, make_batch  # noqa: F401  (f
 def loss_fn_for(batch):
     def loss_fn(output, rows):
         lp = output["log_probs"]
-        return -(lp * batch.response_mask[rows].to(lp.device)).sum() / batch.response_mask[rows].sum(), {}
+        return -(lp * batch.response_mask[rows].to(lp.device)).sum() / batch.response_mask.sum(), {}  # a term of the batch
 
     return loss_fn
 

@@ -1,10 +1,9 @@
 """Data parallelism of the torch backend through Ray: 2 CPU ranks per role, gradients averaged over gloo.
 
 After training steps the two ranks of the actor and of the critic hold identical weights, and
-those weights equal one rank trained in-process on the whole batch with the same micro-batches
-(one row each, so that each micro-batch's loss is the same on both sides; advantages are not
-whitened, since whitening uses a rank's own rows). The group is rebuilt after every wake and
-destroyed before every sleep, on every rank.
+those weights equal one rank trained in-process on the whole batch as one micro-batch (the
+ranks train in micro-batches of one row, and whiten the advantages with the whole batch's
+moments). The group is rebuilt after every wake and destroyed before every sleep, on every rank.
 """
 
 from __future__ import annotations
@@ -25,11 +24,11 @@ from ppo_trainer.train import load_prompts
 STEPS = 2
 
 
-def dp_spec():
+def dp_spec(micro_batch_size: int = 1):
     return tiny_spec(
-        actor={"microBatchSize": 1},
+        actor={"microBatchSize": micro_batch_size},
         rollout={"batchSize": 8, "maxNewTokens": 8},
-        ppo={"normalizeAdvantages": False, "epochs": 2},
+        ppo={"epochs": 2},
     )
 
 
@@ -84,7 +83,7 @@ def test_data_parallel_ranks_stay_identical_and_equal_single_rank_training(ray_s
 
     single = tmp_path / "single"
     single.mkdir()
-    train_single_rank(spec, parts, single)
+    train_single_rank(dp_spec(micro_batch_size=8), parts, single)
     for role in ("actor", "critic"):
         expected = read_role_state(single, role=role, rank=0)["backend"]["model"]
         for rank in (0, 1):
