@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ppojob_api.spec import SpecError, check_semantics, parse_spec, to_manifest_dict
-from ppojob_api.vocabulary import Placement
+from ppojob_api.vocabulary import LossAggregation, Placement, RolloutCorrection
 
 
 def make_spec(**sections):
@@ -87,3 +87,22 @@ def test_a_valid_disaggregated_spec_passes():
 def test_manifest_round_trip_is_stable():
     spec = parse_spec(make_spec(ppo={"numCriticOnlySteps": 2}))
     assert parse_spec(to_manifest_dict(spec)) == spec
+
+
+def test_loss_aggregation_and_rollout_correction_default_to_token_mean_and_none():
+    ppo = parse_spec(make_spec()).ppo
+    assert ppo.loss_aggregation == LossAggregation.TOKEN_MEAN
+    assert ppo.rollout_correction.type == RolloutCorrection.NONE and ppo.rollout_correction.cap == 2.0
+    chosen = parse_spec(make_spec(ppo={"lossAggregation": "SequenceMeanTokenSum",
+                                       "rolloutCorrection": {"type": "TruncatedImportanceSampling", "cap": "3"}})).ppo
+    assert chosen.loss_aggregation == LossAggregation.SEQUENCE_MEAN_TOKEN_SUM
+    assert chosen.rollout_correction.type == RolloutCorrection.TRUNCATED_IMPORTANCE_SAMPLING
+    assert chosen.rollout_correction.cap == 3.0
+
+
+def test_bad_loss_aggregation_and_rollout_correction_name_the_field_and_the_choices():
+    problems = problems_of(make_spec(ppo={"lossAggregation": "Mean", "rolloutCorrection": {"type": "TIS", "cap": 0.5}}))
+    assert len(problems) == 3
+    assert problems[0].startswith("spec.ppo.lossAggregation:") and "'SequenceMeanTokenMean'" in problems[0]
+    assert problems[1].startswith("spec.ppo.rolloutCorrection.type:") and "'TruncatedImportanceSampling'" in problems[1]
+    assert problems[2].startswith("spec.ppo.rolloutCorrection.cap:") and "greater than or equal to 1" in problems[2]
