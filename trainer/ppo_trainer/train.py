@@ -2,9 +2,10 @@
 
 `train` is the whole schedule of a run: each step generates and scores a batch (the rollout
 engines sleep afterwards when rollout offload is on), computes the actor's and the reference's
-log-probs once (and how far the actor's are from the engine's), trains the critic K times and gets its output back as ObjectRefs, and, unless the
-step is a critic-only warm-up step, trains the actor on those refs (`external_data`; the driver
-never fetches them) and sends the new weights to the engines. In warm-up steps the actor did not
+log-probs once (and how far the actor's are from the engine's), trains the critic K times and
+gets its output back as ObjectRefs, and, unless the step is a critic-only warm-up step, trains
+the actor on those refs (`external_data`; the driver never fetches them) and sends the new
+weights to the engines. In warm-up steps the actor did not
 change, so the sync is skipped and counted. `run` wires a run together (prompts, roles, resume).
 """
 

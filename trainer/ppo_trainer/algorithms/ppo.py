@@ -33,8 +33,9 @@ __all__ = [
 
 LOG_RATIO_BOUND = 20.0
 """Log-ratios of two policies' token probabilities are clamped to [-20, 20] before ``exp``:
-exp(20) ~ 4.9e8 is finite in float32 and bfloat16, where exp overflows past ~88, and ratios that
-far from 1 are clipped by PPO anyway (the clamp only zeroes gradients the clip would not pass)."""
+exp(20) ~ 4.9e8 is finite in float32 and bfloat16, where exp overflows past ~88. Beyond the
+bound a token's gradient is 0: with A > 0 PPO's clip gives 0 there anyway; with A < 0 it would
+be ~A * exp(log-ratio), the overflow itself (the dual clip bounds such tokens too)."""
 
 
 def _check_same_shape(**tensors: Tensor) -> None:
