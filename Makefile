@@ -53,15 +53,16 @@ run: venv
 run-llm: venv
 	$(VENV)/bin/ppo-train examples/smollm2-ppojob.yaml --run-dir runs/smollm2
 
-demo: venv cluster-binaries
-	@PYTHONPATH=tests/e2e $(PY) -m story
+# DEMO_ARGS: e.g. --work-dir DIR, --keep (the release and the job stay for looking around).
+demo: venv cluster-binaries images
+	@PYTHONPATH=tests/e2e $(PY) -m story $(DEMO_ARGS)
 
 # Takes the cluster lock (/tmp/ppojob-cluster.lock) itself, one size at a time; writes runs/operator_scale/.
 JOBS ?= 10,100,500
 bench-scale: venv cluster-binaries
 	$(PY) bench/operator_scale.py --jobs $(JOBS)
 
-test: venv cluster-binaries
+test: venv cluster-binaries images
 	@start=$$(date +%s); \
 	$(PY) -m pytest tests -m "not gpu" -p no:cacheprovider; rc=$$?; \
 	echo "[timing] pytest: $$(( $$(date +%s) - start ))s"; exit $$rc

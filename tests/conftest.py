@@ -4,6 +4,9 @@
 (`make cluster-up`) and leaves it running; otherwise starts one and stops exactly the processes it
 started at the end of the session. Tests that use it are marked `@pytest.mark.cluster`.
 
+`real_node_images` (session): the operator and CPU trainer images built (cached) and loaded into the
+real node's containerd, for tests whose pods run containers there.
+
 `k8s_namespace` (function): a fresh namespace on that cluster, deleted after the test.
 """
 
@@ -14,7 +17,7 @@ import uuid
 
 import pytest
 
-from local_cluster import LocalCluster
+from local_cluster import LocalCluster, images
 
 
 def _ppojob_crd_stuck(cluster: LocalCluster) -> bool:
@@ -42,6 +45,14 @@ def local_cluster():
     finally:
         if cluster.owns_processes:
             cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def real_node_images(local_cluster):
+    """The names of the images now in the real node's runtime (built first where missing: minutes on
+    a fresh machine, seconds afterwards)."""
+    images.build_images()
+    return images.load_images(local_cluster.containerd_address)
 
 
 @pytest.fixture

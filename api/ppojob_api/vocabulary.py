@@ -73,6 +73,7 @@ class ConditionType(str, enum.Enum):
     VALID = "Valid"  # the spec passed the checks the schema cannot make
     GANG_SCHEDULED = "GangScheduled"  # every pod of the job was placed together
     CLUSTER_READY = "ClusterReady"  # the RayCluster reports ready
+    PODS_READY = "PodsReady"  # every pod of the running attempt is ready (its node reports)
     TRAINER_RUNNING = "TrainerRunning"  # the trainer was started and reports a heartbeat
     CRITIC_WARMUP = "CriticWarmup"  # in the critic-only warm-up steps
     SUSPENDED = "Suspended"
@@ -90,6 +91,8 @@ class Reason(str, enum.Enum):
     GANG_TIMEOUT = "GangScheduleTimeout"
     CLUSTER_READY = "ClusterReady"
     CLUSTER_NOT_READY = "ClusterNotReady"
+    PODS_READY = "PodsReady"
+    PODS_NOT_READY = "PodsNotReady"
     TRAINER_PENDING = "TrainerPending"
     TRAINER_STARTED = "TrainerStarted"
     TRAINER_LOST = "TrainerLost"

@@ -37,6 +37,9 @@ class PodRecord:
     """The scheduler's reason and message while the pod is not placed ("" once placed)."""
     deleting: bool
     uid: str = ""
+    ready: bool = True
+    """The pod's Ready condition is True (the kubelet says its containers are ready; the node
+    controller sets it False when the node stops reporting)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +69,7 @@ def summarize_pod(body: Mapping[str, Any]) -> PodRecord:
     meta, spec, status = body.get("metadata", {}), body.get("spec", {}), body.get("status", {}) or {}
     labels = meta.get("labels") or {}
     scheduled = next((c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), None)
+    ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
     unschedulable = ""
     if not spec.get("nodeName") and scheduled and scheduled.get("status") == "False":
         unschedulable = f"{scheduled.get('reason', 'Unschedulable')}: {scheduled.get('message', '')}".strip()
@@ -80,6 +84,7 @@ def summarize_pod(body: Mapping[str, Any]) -> PodRecord:
         unschedulable=unschedulable,
         deleting=bool(meta.get("deletionTimestamp")),
         uid=meta.get("uid", ""),
+        ready=bool(ready and ready.get("status") == "True"),
     )
 
 

@@ -27,7 +27,7 @@ from ppo_operator.decisions import (
     is_finished_by_trainer,
 )
 from ppo_operator.job import Job, format_time, parse_time
-from ppo_operator.observed import Observed, TrainerState
+from ppo_operator.observed import Observed, PodRecord, TrainerState
 from ppojob_api.progress import urgency
 from ppojob_api.spec import PPOJobSpec
 from ppojob_api.vocabulary import ConditionType, Phase, Reason
@@ -37,7 +37,8 @@ OPERATOR_KEYS = (
     "restarts", "attempt", "children", "conditions", "progress",
 )
 # Conditions that describe the running attempt; reset on restart, suspend and finish.
-ATTEMPT_CONDITIONS = (ConditionType.GANG_SCHEDULED, ConditionType.CLUSTER_READY, ConditionType.TRAINER_RUNNING)
+ATTEMPT_CONDITIONS = (ConditionType.GANG_SCHEDULED, ConditionType.CLUSTER_READY, ConditionType.PODS_READY,
+                      ConditionType.TRAINER_RUNNING)
 
 
 def operator_status(status: Mapping[str, Any]) -> dict[str, Any]:
@@ -80,7 +81,7 @@ class _Draft:
     def finish(self, phase: Phase, reason: Reason, message: str) -> dict[str, Any]:
         """Succeeded or Failed: the cluster goes (so do its conditions), the trainer is stopped."""
         torn_down = f"{phase.value}: the RayCluster and its pod group are deleted"
-        for type_ in (ConditionType.GANG_SCHEDULED, ConditionType.CLUSTER_READY):
+        for type_ in (ConditionType.GANG_SCHEDULED, ConditionType.CLUSTER_READY, ConditionType.PODS_READY):
             if get_condition(self.conditions, type_) is not None:
                 self.condition(type_, False, Reason.CLUSTER_DELETED, torn_down)
         if get_condition(self.conditions, ConditionType.TRAINER_RUNNING) is not None:
@@ -211,6 +212,7 @@ def _attempt_status(
         draft.condition(ConditionType.CLUSTER_READY, False, Reason.CLUSTER_NOT_READY, message)
         return draft.phase(Phase.INITIALIZING, Reason.CLUSTER_NOT_READY, message)
     draft.condition(ConditionType.CLUSTER_READY, True, Reason.CLUSTER_READY, f"RayCluster {cluster.name} is ready")
+    _pods_ready_condition(draft, observed.pods_of(attempt))
     trainer = observed.trainer
     if trainer.state == TrainerState.NOT_STARTED:
         message = f"starting the trainer of attempt {attempt}"
@@ -220,6 +222,17 @@ def _attempt_status(
         ConditionType.TRAINER_RUNNING, True, Reason.TRAINER_STARTED, f"trainer {trainer.handle} (attempt {attempt})"
     )
     return _training_phase(draft, spec, job)
+
+
+def _pods_ready_condition(draft: _Draft, pods: list[PodRecord]) -> None:
+    """Pods that stopped being ready while the attempt runs (a node that stopped reporting, a
+    container that failed its probe): said, not acted on; the trainer may well carry on."""
+    unready = [p for p in pods if not p.deleting and not p.ready]
+    if unready:
+        words = "; ".join(f"pod {p.name} on node {p.node or '?'} is not ready" for p in unready)
+        draft.condition(ConditionType.PODS_READY, False, Reason.PODS_NOT_READY, words)
+    else:
+        draft.condition(ConditionType.PODS_READY, True, Reason.PODS_READY, f"all {len(pods)} pods are ready")
 
 
 def _training_phase(draft: _Draft, spec: PPOJobSpec, job: Job) -> dict[str, Any]:

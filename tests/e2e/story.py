@@ -1,25 +1,26 @@
-"""The README's story on the local cluster, step by step, as a person would live it.
+"""The README's story in real pods, step by step, as a person would live it (`make demo`).
 
-    helm install the chart -> the operator runs with exactly the chart's RBAC -> kubectl apply the
-    tiny PPOJob -> gang-scheduled pods on fake GPU nodes -> a real trainer on this CPU reports
-    warm-up k/N, training and offload states -> Succeeded -> kubectl delete -> helm uninstall (which
-    keeps the PPOJob CRD: crds.keep) -> kubectl delete crd, the documented last step (docs/chart.md).
+    helm install the chart -> the operator runs as the chart's Deployment (two replicas from the
+    operator image, peering, in-cluster config, its own ServiceAccount and RBAC) -> a checkpoint
+    claim -> kubectl apply the tiny CPU PPOJob in a namespace that enforces the `restricted` Pod
+    Security Standard -> PodGroup and RayCluster -> KubeRay starts the head and the worker from the
+    CPU trainer image on the real node -> the operator submits the trainer through Ray's job API
+    (with the job's Ray token) -> the trainer reports with its projected ServiceAccount token ->
+    kubectl get -w shows warm-up k/N and offload states, kubectl logs of the head the trainer's step
+    lines -> checkpoints on the claim -> Succeeded -> kubectl delete leaves nothing -> helm uninstall
+    (the PPOJob CRD is kept: crds.keep) -> kubectl delete crd, the documented last step.
 
-The local cluster's pods run no containers (KWOK), so the chart's operator Deployment gets a fake
-pod; the real operator runs here as a process that authenticates with a token of the chart's
-ServiceAccount, so a rule missing from the chart's RBAC fails the story. It starts trainers with
-its development launcher (`--launcher local`), each with the per-job least-privilege identity.
-
-Used by tests/e2e/test_readme_story.py and by `make demo` (`python -m story`), which leaves the
-cluster up afterwards. Depends on local_cluster and the repo's chart, examples and entry points.
+One entry point: `make demo` runs `main()`, and the e2e test runs `make demo` itself and reads what
+it wrote (`story.json` and the captured outputs in the work dir). Depends on local_cluster (the
+cluster with its real node, the images), the repo's chart and examples.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
+import re
+import shutil
 import subprocess
 import sys
 import time
@@ -28,43 +29,92 @@ from pathlib import Path
 
 import yaml
 
-from local_cluster import LocalCluster
+from local_cluster import LocalCluster, images, node
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "ppojob-operator"
-EXAMPLE = REPO / "examples" / "tiny-ppojob.yaml"
+EXAMPLE = REPO / "examples" / "tiny-cpu-ppojob.yaml"
 RELEASE, OPERATOR_NAMESPACE, JOB_NAMESPACE = "ppojob", "ppojob-system", "ppo-demo"
 PPOJOB_CRD = "ppojobs.ppojob.io"
-OPERATOR_SA = f"{RELEASE}-ppojob-operator"
 FINISHED = ("Succeeded", "Failed")
 CRD_RESOURCE = "customresourcedefinition.apiextensions.k8s.io"
+REAL_NODE_TOLERATION = {"key": node.NODE_TAINT["key"], "operator": "Equal", "value": node.NODE_TAINT["value"],
+                        "effect": node.NODE_TAINT["effect"]}
+STEP_LINE = re.compile(r'"step":\s*\d+')  # the trainer's JSON step lines
 
 
 class StoryError(RuntimeError):
     """A step of the story did not happen as it should; the message says which and what was seen."""
 
 
+def chart_values(*, job_namespace: str) -> dict:
+    """The chart's values for the local cluster: the operator image from `make images`, both replicas
+    on the real node, the production launcher, and a Ray head small enough for a 2-core node."""
+    repository, tag = images.OPERATOR_IMAGE.rsplit(":", 1)
+    return {
+        "image": {"repository": repository, "tag": tag, "pullPolicy": "IfNotPresent"},
+        "replicas": 2,
+        "watchNamespaces": [job_namespace],
+        "trainerLauncher": "ray-jobs",
+        "nodeSelector": {node.NODE_LABEL: "true"},
+        "tolerations": [REAL_NODE_TOLERATION],
+        "resources": {"requests": {"cpu": "50m", "memory": "160Mi"}, "limits": {"cpu": "500m", "memory": "384Mi"}},
+        "rayHead": {"cpu": "700m", "memory": "2Gi"},
+    }
+
+
+def checkpoint_volume(*, name: str, namespace: str, claim: str, path: Path) -> str:
+    """A local PersistentVolume on the real node, bound to the job's claim (static provisioning: no
+    provisioner runs here), as JSON documents."""
+    pv = {
+        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name},
+        "spec": {
+            "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
+            "claimRef": {"namespace": namespace, "name": claim},
+            "local": {"path": str(path)},
+            "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": [node.NODE_NAME]}]}]}},
+        },
+    }
+    pvc = {
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": claim, "namespace": namespace},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": name,
+                 "resources": {"requests": {"storage": "1Gi"}}},
+    }
+    return json.dumps(pv) + "\n---\n" + json.dumps(pvc) + "\n"
+
+
+def example_job(name: str, *, claim: str) -> dict:
+    """The example PPOJob under another name, with its own checkpoint claim."""
+    manifest = yaml.safe_load(EXAMPLE.read_text())
+    manifest["metadata"]["name"] = name
+    manifest["spec"]["checkpoint"]["volumeClaim"] = claim
+    return manifest
+
+
 @dataclass
 class Story:
     cluster: LocalCluster
     work_dir: Path
-    out: callable = print
+    out: object = sys.stdout
     job_name: str = "tiny"
     timeline: list[tuple[float, str]] = field(default_factory=list)
     phases_seen: list[str] = field(default_factory=list)
     snapshots: dict[str, str] = field(default_factory=dict)
-    _operator: subprocess.Popen | None = None
+    figures: dict[str, float] = field(default_factory=dict)
     _watch: subprocess.Popen | None = None
     _t0: float = field(default_factory=time.monotonic)
+    _applied_at: float = 0.0
 
     # -- helpers -----------------------------------------------------------------------------
     def say(self, text: str) -> None:
         elapsed = time.monotonic() - self._t0
-        self.timeline.append((elapsed, text))
-        self.out(f"[{elapsed:6.1f}s] {text}")
+        self.timeline.append((round(elapsed, 1), text))
+        print(f"[{elapsed:6.1f}s] {text}", file=self.out, flush=True)
 
-    def kubectl(self, *args: str, check: bool = True) -> str:
-        result = self.cluster.kubectl(*args, check=False)
+    def kubectl(self, *args: str, check: bool = True, timeout: float = 120) -> str:
+        result = self.cluster.kubectl(*args, check=False, timeout=timeout)
         if check and result.returncode != 0:
             raise StoryError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
         return result.stdout
@@ -72,10 +122,34 @@ class Story:
     def job(self) -> dict:
         return json.loads(self.kubectl("get", "ppojob", self.job_name, "-n", JOB_NAMESPACE, "-o", "json"))
 
+    def pods(self, namespace: str, selector: str) -> list[dict]:
+        return json.loads(self.kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "json"))["items"]
+
+    @property
+    def claim(self) -> str:
+        return f"{self.job_name}-checkpoints"
+
+    @property
+    def volume_path(self) -> Path:
+        return self.cluster.node_paths.root / "volumes" / f"{JOB_NAMESPACE}-{self.claim}"
+
     # -- the steps ---------------------------------------------------------------------------
+    def check_cluster(self) -> None:
+        """The real node is Ready and holds the images (`make images`)."""
+        ready = self.kubectl("get", "node", node.NODE_NAME, "--ignore-not-found", "-o",
+                             "jsonpath={.status.conditions[?(@.type=='Ready')].status}").strip()
+        if ready != "True":
+            raise StoryError(f"the real node {node.NODE_NAME} is not Ready ({ready or 'absent'}); "
+                             f"see {self.cluster.log_dir / 'kubelet.log'}")
+        present = self.cluster.crictl("images", "-o", "json")
+        tags = {t for i in json.loads(present.stdout or "{}").get("images", []) for t in i.get("repoTags", [])}
+        missing = [name for name in (images.OPERATOR_IMAGE, images.TRAINER_CPU_IMAGE) if name not in tags]
+        if missing:
+            raise StoryError(f"the real node's runtime lacks {', '.join(missing)}: run `make images`")
+
     def adopt_existing_crds(self) -> None:
         """CRDs applied by hand (e.g. by other tests on a shared dev cluster) are handed to the release."""
-        for crd in ("ppojobs.ppojob.io", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"):
+        for crd in (PPOJOB_CRD, "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"):
             deleting = self.kubectl("get", "crd", crd, "--ignore-not-found", "-o",
                                     "jsonpath={.metadata.name}/{.metadata.deletionTimestamp}").strip()
             if deleting.endswith("Z"):  # being deleted: wait until it is gone, then helm creates it
@@ -85,58 +159,71 @@ class Story:
                 self.kubectl("annotate", "--overwrite", "crd", crd, f"meta.helm.sh/release-name={RELEASE}",
                              f"meta.helm.sh/release-namespace={OPERATOR_NAMESPACE}")
 
+    def create_job_namespace(self) -> None:
+        phase = self.kubectl("get", "namespace", JOB_NAMESPACE, "--ignore-not-found", "-o",
+                             "jsonpath={.status.phase}").strip()
+        if phase == "Terminating":  # left by an earlier run: wait until it is gone
+            self.kubectl("wait", "--for=delete", f"namespace/{JOB_NAMESPACE}", "--timeout=180s", timeout=200)
+        if phase != "Active":
+            self.kubectl("create", "namespace", JOB_NAMESPACE)
+        self.kubectl("label", "--overwrite", "namespace", JOB_NAMESPACE,
+                     "pod-security.kubernetes.io/enforce=restricted", "pod-security.kubernetes.io/enforce-version=latest")
+        self.say(f"namespace {JOB_NAMESPACE} enforces the restricted Pod Security Standard")
+
     def install_chart(self) -> None:
         if self.cluster.helm("status", RELEASE, "-n", OPERATOR_NAMESPACE, check=False).returncode == 0:
             self.say(f"an earlier release {RELEASE} is installed: uninstalling it first")
             self.cluster.helm("uninstall", RELEASE, "-n", OPERATOR_NAMESPACE, "--wait", "--timeout", "120s")
         self.adopt_existing_crds()
-        phase = self.kubectl("get", "namespace", JOB_NAMESPACE, "--ignore-not-found", "-o",
-                             "jsonpath={.status.phase}").strip()
-        if phase == "Terminating":  # left by an earlier run: wait until it is gone
-            self.kubectl("wait", "--for=delete", f"namespace/{JOB_NAMESPACE}", "--timeout=120s")
-        if phase != "Active":
-            self.kubectl("create", "namespace", JOB_NAMESPACE)
-        self.say(f"helm install {RELEASE} charts/ppojob-operator (watching namespace {JOB_NAMESPACE}, "
-                 "trainerLauncher=local, one replica)")
+        values = self.work_dir / "values.yaml"
+        values.write_text(yaml.safe_dump(chart_values(job_namespace=JOB_NAMESPACE)))
+        self.say(f"helm install {RELEASE} charts/ppojob-operator -f {values.name} (image {images.OPERATOR_IMAGE}, "
+                 "two replicas on the real node, trainerLauncher=ray-jobs)")
         self.snapshots["helm-install"] = self.cluster.helm(
             "install", RELEASE, str(CHART), "--namespace", OPERATOR_NAMESPACE, "--create-namespace",
-            "--set", f"watchNamespaces={{{JOB_NAMESPACE}}}", "--set", "trainerLauncher=local",
-            "--set", "replicas=1", "--wait", "--timeout", "120s",
+            "-f", str(values), "--wait", "--timeout", "180s", timeout=240,
         ).stdout
 
-    def start_operator(self) -> None:
-        token = self.cluster.create_token(OPERATOR_SA, OPERATOR_NAMESPACE, duration="4h")
-        kubeconfig = self.work_dir / "operator.kubeconfig"
-        server = self.cluster.server
-        ca = yaml.safe_load(self.cluster.kubeconfig.read_text())["clusters"][0]["cluster"]
-        kubeconfig.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "operator",
-            "clusters": [{"name": "local", "cluster": {**ca, "server": server}}],
-            "users": [{"name": OPERATOR_SA, "user": {"token": token}}],
-            "contexts": [{"name": "operator", "context": {"cluster": "local", "user": OPERATOR_SA}}],
-        }))
-        env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PATH": f"{self.cluster.bin_dir}:{os.environ['PATH']}"}
-        with open(self.work_dir / "operator.log", "ab") as log:  # the child keeps its own copy
-            self._operator = subprocess.Popen(
-                [str(Path(sys.executable).parent / "ppo-operator"), "--launcher", "local", "--namespace", JOB_NAMESPACE,
-                 "--peering", OPERATOR_SA, "--priority", "100", "--gang-schedulers", "Coscheduling",
-                 "--state-dir", str(self.work_dir / "operator-state"),
-                 "--trainer-command", str(Path(sys.executable).parent / "ppo-train"),
-                 "--stats-file", str(self.work_dir / "operator-api-calls.json")],
-                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            )
-        self.say(f"operator running here as system:serviceaccount:{OPERATOR_NAMESPACE}:{OPERATOR_SA} "
-                 f"(pid {self._operator.pid}, log {self.work_dir / 'operator.log'})")
+    def wait_for_operator(self, timeout: float = 120) -> list[dict]:
+        """Both replicas Running and Ready in their containers, one of them serving (kopf peering)."""
+        deadline = time.monotonic() + timeout
+        selector = f"app.kubernetes.io/instance={RELEASE}"
+        while time.monotonic() < deadline:
+            pods = self.pods(OPERATOR_NAMESPACE, selector)
+            ready = [p for p in pods if any(c["type"] == "Ready" and c["status"] == "True"
+                                            for c in p["status"].get("conditions", []))]
+            peering = self.kubectl("get", "kopfpeerings.kopf.dev", "-n", JOB_NAMESPACE, "-o", "json", check=False)
+            peers = {key for item in json.loads(peering or '{"items": []}')["items"]
+                     for key in (item.get("status") or {})}
+            if len(ready) == 2 and len(peers) == 2:
+                self.say(f"operator: 2 replicas Running on {ready[0]['spec']['nodeName']} "
+                         f"({', '.join(p['metadata']['name'] for p in ready)}), 2 peers in kopf's peering")
+                return ready
+            time.sleep(1)
+        raise StoryError(f"the operator's two replicas did not become Ready and peer within {timeout}s")
 
-    def apply_job(self) -> None:
+    def create_checkpoint_claim(self) -> None:
+        self.volume_path.mkdir(parents=True, exist_ok=True)
+        shutil.chown(self.volume_path, 1000, 1000)  # the trainer image's user
+        self.cluster.apply(checkpoint_volume(name=f"{JOB_NAMESPACE}-{self.claim}", namespace=JOB_NAMESPACE,
+                                             claim=self.claim, path=self.volume_path))
+        self.say(f"PersistentVolumeClaim {self.claim}: a local volume on {node.NODE_NAME} ({self.volume_path})")
+
+    def apply_job(self, manifest: dict | None = None) -> None:
+        """kubectl apply the example (or `manifest`, a variant of it), watching with kubectl get -w."""
         with open(self.work_dir / "get-ppojobs-w.txt", "wb") as watch_log:
             self._watch = subprocess.Popen(
                 [str(self.cluster.bin_dir / "kubectl"), "--kubeconfig", str(self.cluster.kubeconfig),
                  "get", "ppojobs", "-n", JOB_NAMESPACE, "-w"],
                 stdout=watch_log, stderr=subprocess.STDOUT,
             )
-        self.say("kubectl apply -f examples/tiny-ppojob.yaml")
-        self.kubectl("apply", "-n", JOB_NAMESPACE, "-f", str(EXAMPLE))
+        self._applied_at = time.monotonic()
+        if manifest is None:
+            self.say(f"kubectl apply -f examples/{EXAMPLE.name}")
+            self.kubectl("apply", "-n", JOB_NAMESPACE, "-f", str(EXAMPLE))
+        else:
+            self.say(f"kubectl apply PPOJob {manifest['metadata']['name']}")
+            self.cluster.apply(json.dumps(manifest), "-n", JOB_NAMESPACE)
 
     def wait_for_children(self, timeout: float = 120) -> dict:
         deadline = time.monotonic() + timeout
@@ -146,20 +233,26 @@ class Story:
                 self.say(f"children created: PodGroup {children['podGroup']}, RayCluster {children['rayCluster']}")
                 return children
             time.sleep(1)
-        raise StoryError(f"no pod group and RayCluster within {timeout}s; operator log: {self.work_dir / 'operator.log'}")
+        raise StoryError(f"no pod group and RayCluster within {timeout}s: {self.operator_logs()[-2000:]}")
 
-    def wait_for_gang(self, timeout: float = 180) -> list[dict]:
-        """All pods of the job Running, bound together on fake GPU nodes."""
+    def wait_for_pods(self, timeout: float = 300) -> list[dict]:
+        """Head and worker containers Running (Ready) on the real node, placed together by the gang scheduler."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            pods = json.loads(self.kubectl("get", "pods", "-n", JOB_NAMESPACE, "-l",
-                                           f"ppojob.io/job-name={self.job_name}", "-o", "json"))["items"]
-            if pods and all(p["status"].get("phase") == "Running" for p in pods):
+            pods = self.pods(JOB_NAMESPACE, f"ppojob.io/job-name={self.job_name}")
+            if len(pods) >= 2 and all(
+                p["status"].get("phase") == "Running"
+                and all(c.get("ready") for c in p["status"].get("containerStatuses", []))
+                for p in pods
+            ):
+                self.figures["apply_to_pods_running_s"] = round(time.monotonic() - self._applied_at, 1)
                 nodes = sorted({p["spec"]["nodeName"] for p in pods})
-                self.say(f"{len(pods)} pods Running together (gang) on {', '.join(nodes)}")
+                self.say(f"{len(pods)} pods Running in containers on {', '.join(nodes)} "
+                         f"({self.figures['apply_to_pods_running_s']}s after apply)")
                 return pods
             time.sleep(1)
-        raise StoryError(f"the job's pods did not all reach Running within {timeout}s")
+        states = {p["metadata"]["name"]: p["status"].get("containerStatuses") for p in pods}
+        raise StoryError(f"the job's pods did not all run within {timeout}s: {states}")
 
     def follow(self, timeout: float = 900) -> dict:
         """Poll the job until it finishes, noting each phase and capturing describe along the way."""
@@ -168,6 +261,8 @@ class Story:
         while time.monotonic() < deadline:
             status = self.job().get("status", {})
             progress = status.get("progress", {})
+            if progress.get("step", 0) >= 1 and "apply_to_first_step_s" not in self.figures:
+                self.figures["apply_to_first_step_s"] = round(time.monotonic() - self._applied_at, 1)
             view = (status.get("phase"), progress.get("steps"), progress.get("warmup"), progress.get("stage"),
                     progress.get("offload"))
             if view != last:
@@ -183,46 +278,59 @@ class Story:
             time.sleep(0.5)
         raise StoryError(f"the job did not finish within {timeout}s; phases seen: {self.phases_seen}")
 
+    def head_logs(self) -> str:
+        pods = self.pods(JOB_NAMESPACE, f"ppojob.io/job-name={self.job_name},ppojob.io/role=head")
+        if not pods:
+            return ""
+        return self.kubectl("logs", "-n", JOB_NAMESPACE, pods[0]["metadata"]["name"], "-c", "ray-head", check=False)
+
+    def operator_logs(self) -> str:
+        return self.kubectl("logs", "-n", OPERATOR_NAMESPACE, "-l", f"app.kubernetes.io/instance={RELEASE}",
+                            "--tail=200", "--prefix", check=False)
+
     def capture(self) -> None:
         self.snapshots["get"] = self.kubectl("get", "ppojobs", "-n", JOB_NAMESPACE)
         self.snapshots["get-wide"] = self.kubectl("get", "ppojobs", "-n", JOB_NAMESPACE, "-o", "wide")
         self.snapshots["describe"] = self.kubectl("describe", "ppojob", self.job_name, "-n", JOB_NAMESPACE)
         self.snapshots["events"] = self.kubectl("get", "events", "-n", JOB_NAMESPACE, "--field-selector",
-                                                f"involvedObject.name={self.job_name}",
-                                                "--sort-by=.lastTimestamp")
+                                                f"involvedObject.name={self.job_name}", "--sort-by=.lastTimestamp")
+        self.snapshots["get-pods"] = self.kubectl("get", "pods", "-n", JOB_NAMESPACE, "-o", "wide")
+        self.snapshots["logs-head"] = self.head_logs()
+        self.snapshots["logs-operator"] = self.operator_logs()
+        steps = STEP_LINE.findall(self.snapshots["logs-head"])
+        self.say(f"kubectl logs of the head: {len(steps)} step lines of the trainer")
+        checkpoints = sorted(p.name for p in self.volume_path.glob("step-*"))
+        self.snapshots["checkpoints"] = "\n".join(checkpoints)
+        self.say(f"checkpoints on the claim: {', '.join(checkpoints) or 'none'}")
         for name, text in self.snapshots.items():
             (self.work_dir / f"{name}.txt").write_text(text)
 
     def children_left(self) -> dict[str, list[str]]:
         left = {}
-        for kind in ("rayclusters.ray.io", "podgroups.scheduling.x-k8s.io", "pods", "serviceaccounts",
-                     "roles.rbac.authorization.k8s.io", "rolebindings.rbac.authorization.k8s.io"):
+        for kind in ("rayclusters.ray.io", "podgroups.scheduling.x-k8s.io", "pods", "services", "serviceaccounts",
+                     "roles.rbac.authorization.k8s.io", "rolebindings.rbac.authorization.k8s.io", "secrets",
+                     "configmaps", "networkpolicies.networking.k8s.io"):
             names = self.kubectl("get", kind, "-n", JOB_NAMESPACE, "-l", f"ppojob.io/job-name={self.job_name}",
                                  "-o", "name").split()
             if names:
                 left[kind] = names
         return left
 
-    def delete_job(self, timeout: float = 120) -> None:
+    def delete_job(self, timeout: float = 180) -> None:
         self.say(f"kubectl delete ppojob {self.job_name}")
         self.kubectl("delete", "ppojob", self.job_name, "-n", JOB_NAMESPACE, "--ignore-not-found",
-                     "--timeout", f"{int(timeout)}s")
+                     "--timeout", f"{int(timeout)}s", timeout=timeout + 30)
         deadline = time.monotonic() + timeout
         while (left := self.children_left()) and time.monotonic() < deadline:
             time.sleep(1)
         if left:
             raise StoryError(f"objects of the deleted job are still there: {left}")
-        self.say("every child of the job is gone")
+        self.say("every child of the job is gone, its containers too")
 
-    def stop_operator(self) -> None:
-        if self._operator and self._operator.poll() is None:
-            os.killpg(self._operator.pid, signal.SIGTERM)
-            try:
-                self._operator.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self._operator.pid, signal.SIGKILL)
-        if self._watch and self._watch.poll() is None:
-            self._watch.terminate()
+    def delete_checkpoint_claim(self) -> None:
+        self.kubectl("delete", "pvc", self.claim, "-n", JOB_NAMESPACE, "--ignore-not-found", "--wait=false", check=False)
+        self.kubectl("delete", "pv", f"{JOB_NAMESPACE}-{self.claim}", "--ignore-not-found", "--wait=false", check=False)
+        shutil.rmtree(self.volume_path, ignore_errors=True)
 
     def uninstall(self) -> dict[str, list[str]]:
         """helm uninstall: what is left of the release besides the PPOJob CRD, which the chart keeps."""
@@ -230,8 +338,11 @@ class Story:
         self.snapshots["helm-uninstall"] = self.cluster.helm(
             "uninstall", RELEASE, "--namespace", OPERATOR_NAMESPACE, "--ignore-not-found", "--wait",
             "--timeout", "120s").stdout
+        # --wait waits for the Deployment; its pods stop afterwards (the operator's graceful shutdown).
+        self.kubectl("wait", "--for=delete", "pods", "-n", OPERATOR_NAMESPACE, "-l",
+                     f"app.kubernetes.io/instance={RELEASE}", "--timeout=90s", check=False, timeout=120)
         left = {}
-        for kind in ("deployments", "serviceaccounts", "roles", "rolebindings", "clusterroles",
+        for kind in ("deployments", "pods", "serviceaccounts", "roles", "rolebindings", "clusterroles",
                      "clusterrolebindings", "crds", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"):
             names = self.kubectl("get", kind, "-A", "-l", f"app.kubernetes.io/instance={RELEASE}", "-o", "name",
                                  check=False).split()
@@ -266,21 +377,23 @@ class Story:
 
     def run(self, *, clean_up: bool = True) -> dict:
         """Install, run the job to its end, capture; with clean_up, delete the job and uninstall.
-
-        Without clean_up the operator keeps running (to serve a later delete as a user's would);
-        call `clean_up()` when done.
-        """
+        Without it the release and the job stay for looking around (`clean_up()` later)."""
         self.work_dir.mkdir(parents=True, exist_ok=True)
         try:
+            self.check_cluster()
+            self.create_job_namespace()
             self.install_chart()
-            self.start_operator()
+            self.wait_for_operator()
+            self.create_checkpoint_claim()
             self.apply_job()
             self.wait_for_children()
-            self.wait_for_gang()
+            self.wait_for_pods()
             status = self.follow()
             self.capture()
             self.say(f"finished: {status['phase']} after {self.phases_seen}")
         except BaseException:
+            self.snapshots.setdefault("logs-operator", self.operator_logs())
+            (self.work_dir / "logs-operator.txt").write_text(self.snapshots["logs-operator"])
             self.clean_up()
             raise
         if clean_up:
@@ -288,19 +401,28 @@ class Story:
         return status
 
     def clean_up(self) -> dict[str, list[str]]:
-        """The documented teardown (docs/chart.md): delete the job (the operator still running), stop
-        the operator, helm uninstall (the PPOJob CRD is kept), delete the CRD; what was left."""
+        """The documented teardown (docs/chart.md): delete the job (the operator still running), helm
+        uninstall (the PPOJob CRD is kept), delete the CRD; what was left."""
         left = {}
         try:
             self.delete_job()
         except StoryError as exc:
             left["job"] = [str(exc)]
         finally:
-            self.stop_operator()
+            if self._watch and self._watch.poll() is None:
+                self._watch.terminate()
+            self.delete_checkpoint_claim()
         left.update(self.uninstall())
         if "kept-crd" not in left:
             left.update(self.delete_crd())
         return left
+
+    def record(self, status: dict | None, left: dict | None, error: str | None) -> None:
+        """story.json: what the e2e test reads back after `make demo`."""
+        (self.work_dir / "story.json").write_text(json.dumps({
+            "status": status, "left": left, "error": error, "phases_seen": self.phases_seen,
+            "timeline": self.timeline, "figures": {**self.figures, "wall_s": round(time.monotonic() - self._t0, 1)},
+        }, indent=2))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -309,20 +431,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the release and the job for looking around")
     args = parser.parse_args(argv)
     cluster = LocalCluster.running() or LocalCluster.start(out=sys.stdout)
+    images.load_images(cluster.containerd_address)  # built by `make images`; imported once per build
     story = Story(cluster=cluster, work_dir=args.work_dir)
+    status = left = None
     try:
-        status = story.run(clean_up=not args.keep)
-        if args.keep:
-            print(f"The operator keeps serving (pid {story._operator.pid}; log {args.work_dir / 'operator.log'}).")
+        status = story.run(clean_up=False)
+        if not args.keep:
+            left = story.clean_up()
     except StoryError as exc:
+        story.record(status, left, str(exc))
         print(f"\nthe story stopped: {exc}", file=sys.stderr)
         return 1
+    story.record(status, left, None)
     print("\n$ kubectl get ppojobs -w\n" + (args.work_dir / "get-ppojobs-w.txt").read_text())
     print("$ kubectl describe ppojob tiny\n" + story.snapshots["describe"])
     print(f"Captured output: {args.work_dir}\nThe cluster is still up. Look around with:\n"
           f"  eval $(make -s cluster-env)\n  kubectl get ppojobs,rayclusters,podgroups,pods -A\n"
           f"Stop it with:  make cluster-down")
-    return 0 if status["phase"] == "Succeeded" else 1
+    return 0 if status["phase"] == "Succeeded" and not left else 1
 
 
 if __name__ == "__main__":

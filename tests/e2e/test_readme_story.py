@@ -1,55 +1,68 @@
-"""End to end: the README's story on the local cluster (helm, kubectl, operator, real trainer), through
-the documented teardown: kubectl delete, helm uninstall (the PPOJob CRD is kept), kubectl delete crd."""
+"""End to end: the README's main command, `make demo`, run as a person runs it: the story in real pods
+from helm install to helm uninstall and kubectl delete crd (tests/e2e/story.py), read back from what
+it wrote."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+from pathlib import Path
 
 import pytest
-from story import Story
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.slow]
 
+REPO = Path(__file__).resolve().parents[2]
 
-def test_readme_story_from_helm_install_to_helm_uninstall(local_cluster, tmp_path):
-    story = Story(cluster=local_cluster, work_dir=tmp_path, out=print)
-    try:
-        status = story.run(clean_up=False)
-        assert status["phase"] == "Succeeded", story.snapshots.get("describe")
-        # The phases a person sees, in order: warm-up before training, then success.
-        notes = story.snapshots["helm-install"]
-        assert "kubectl get ppojobs -w" in notes and "kubectl describe ppojob" in notes, notes
-        assert "kubectl delete ppojobs --all -A" in notes and "kubectl delete crd ppojobs.ppojob.io" in notes, notes
-        seen = story.phases_seen
-        assert seen.index("CriticWarmup") < seen.index("Training") < seen.index("Succeeded"), seen
 
-        watch = (tmp_path / "get-ppojobs-w.txt").read_text()
-        assert re.search(r"CriticWarmup\s+\d+/24\s+1/2", watch), watch
-        assert re.search(r"Training\s+\d+/24\s+2/2", watch), watch
-        assert re.search(r"Succeeded\s+24/24\s+2/2", watch), watch
+def test_make_demo_runs_the_readme_story_in_real_pods(local_cluster, tmp_path):
+    result = subprocess.run(
+        ["make", "-s", "demo", f"DEMO_ARGS=--work-dir {tmp_path}"],
+        cwd=REPO, env={**os.environ, "KUBECONFIG": str(local_cluster.kubeconfig)},
+        capture_output=True, text=True, timeout=1500, check=False,
+    )
+    print(result.stdout[-6000:], result.stderr[-3000:])
+    story = json.loads((tmp_path / "story.json").read_text())
+    assert result.returncode == 0 and story["error"] is None, (story["error"], result.stderr[-3000:])
+    status, steps = story["status"], [text for _, text in story["timeline"]]
 
-        progress = status["progress"]
-        assert progress["criticOnlyStepsDone"] == 2 and progress["step"] == 24
-        assert progress["weightSyncsSkipped"] == 2, "no weight sync in the two critic-only steps"
-        offload_states = {line for _, line in story.timeline if "offload=" in line}
-        assert any("actor=Offloaded" in s for s in offload_states), offload_states
-        assert any("critic=Offloaded" in s for s in offload_states), offload_states
+    # The operator ran as the chart's Deployment: two replicas in containers, peering.
+    assert any(re.match(r"operator: 2 replicas Running on real-0 .*2 peers", s) for s in steps), steps
+    # The job's pods ran in containers on the real node, in a namespace enforcing `restricted`.
+    assert "namespace ppo-demo enforces the restricted Pod Security Standard" in steps
+    assert any(re.match(r"\d+ pods Running in containers on real-0 ", s) for s in steps), steps
+    # The phases a person sees, in order: warm-up before training, then success.
+    seen = story["phases_seen"]
+    assert seen.index("CriticWarmup") < seen.index("Training") < seen.index("Succeeded"), seen
+    watch = (tmp_path / "get-ppojobs-w.txt").read_text()
+    assert re.search(r"CriticWarmup\s+\d+/24\s+1/2", watch), watch
+    assert re.search(r"Training\s+\d+/24\s+2/2", watch), watch
+    assert re.search(r"Succeeded\s+24/24\s+2/2", watch), watch
+    progress = status["progress"]
+    assert progress["criticOnlyStepsDone"] == 2 and progress["step"] == 24
+    assert progress["weightSyncsSkipped"] == 2, "no weight sync in the two critic-only steps"
+    offload_states = {s for s in steps if "offload=" in s}
+    assert any("actor=Offloaded" in s for s in offload_states), offload_states
+    assert any("critic=Offloaded" in s for s in offload_states), offload_states
+    # The trainer was a Ray job on the head (the production launcher), and its step lines are in
+    # `kubectl logs` of the head; its checkpoints are on the claim.
+    head_logs = (tmp_path / "logs-head.txt").read_text()
+    assert len(re.findall(r'"step":\s*\d+', head_logs)) >= 24, head_logs[-3000:]
+    checkpoints = (tmp_path / "checkpoints.txt").read_text().split()
+    assert checkpoints and all(c.startswith("step-") for c in checkpoints), checkpoints
+    describe = (tmp_path / "describe.txt").read_text()
+    for reason in ("GangScheduled", "ClusterReady", "TrainerStarted", "CriticWarmupDone", "CheckpointWritten",
+                   "Succeeded"):
+        assert reason in describe, f"no {reason} event in kubectl describe:\n{describe}"
+    assert {c["type"]: c["status"] for c in status["conditions"]}["Succeeded"] == "True"
 
-        describe = story.snapshots["describe"]
-        for reason in ("GangScheduled", "ClusterReady", "TrainerStarted", "CriticWarmupDone", "CheckpointWritten",
-                       "Succeeded"):
-            assert reason in describe, f"no {reason} event in kubectl describe:\n{describe}"
-        conditions = {c["type"]: c["status"] for c in status["conditions"]}
-        assert conditions["Succeeded"] == "True"
-    finally:
-        left = story.clean_up()
-    assert left == {}, left
-    assert story.children_left() == {}
-    # helm uninstall kept the PPOJob CRD (crds.keep) and nothing else; the story then deleted it.
-    uninstall = story.snapshots["helm-uninstall"]
-    assert "kept due to the resource policy" in uninstall and "ppojobs.ppojob.io" in uninstall, uninstall
-    steps = [text for _, text in story.timeline]
+    # The documented teardown left nothing: the job's children, the release, then the CRD.
+    assert story["left"] == {}, story["left"]
     kept = steps.index("helm uninstall kept the PPOJob CRD and left nothing else behind")
     assert steps[kept + 1:] == ["kubectl delete crd ppojobs.ppojob.io",
                                 "the PPOJob CRD is gone: nothing of the chart is left"], steps[kept:]
-    assert not story.kubectl("get", "crd", "ppojobs.ppojob.io", "--ignore-not-found", "-o", "name").strip()
+    assert not local_cluster.kubectl("get", "crd", "ppojobs.ppojob.io", "--ignore-not-found", "-o", "name").stdout
+    assert not local_cluster.crictl("pods", "-q", "--namespace", "ppo-demo").stdout.strip(), "containers left"
+    print("figures:", story["figures"])

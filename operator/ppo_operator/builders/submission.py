@@ -3,7 +3,9 @@
 POSTed to the head's dashboard (`/api/jobs/`) with a submission id fixed by (job uid, attempt): a
 second POST for the same attempt is refused by Ray, so an operator restarted at any point never
 starts a second trainer. The spec travels inside the entrypoint (base64 of the PPOJob manifest),
-a snapshot taken when the attempt starts. Pure.
+a snapshot taken when the attempt starts. The trainer's output also goes to the head container's
+own stdout (its PID 1's), so `kubectl logs` of the head shows the step lines beside Ray's job log.
+Pure.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from ppo_operator.job import Job
 from ppojob_api.vocabulary import API_VERSION, KIND
 
 DASHBOARD_PORT = 8265
+CONTAINER_LOG = "/proc/1/fd/1"  # the head container's stdout, which `kubectl logs` reads
 
 
 def trainer_manifest(job: Job) -> dict[str, Any]:
@@ -49,7 +52,10 @@ def build_submission(job: Job, *, attempt: int, run_dir: str, options: BuildOpti
     config = f"/tmp/ppojob-{job.uid}-a{attempt}.yaml"
     encoded = base64.b64encode(yaml.safe_dump(trainer_manifest(job), sort_keys=True).encode()).decode()
     args = trainer_args(config=config, run_dir=run_dir, resume=attempt > 0, options=options, address="auto")
-    entrypoint = f"echo {encoded} | base64 -d > {config} && exec {shlex.join(args)}"
+    # Ray runs the entrypoint with /bin/sh; bash's process substitution copies the output to the
+    # container's log while `exec` keeps the trainer's own exit status for Ray.
+    mirrored = f"exec > >(tee -a {CONTAINER_LOG}) 2>&1; exec {shlex.join(args)}"
+    entrypoint = f"echo {encoded} | base64 -d > {config} && exec bash -c {shlex.quote(mirrored)}"
     return {
         "submission_id": names.submission_id(job.uid, attempt),
         "entrypoint": entrypoint,

@@ -1,9 +1,11 @@
 """Build the cluster's binaries from Go modules into a cache directory keyed by the pins.
 
-Two tiny wrapper modules are generated at build time (never committed): "k8s", which requires
+Three tiny wrapper modules are generated at build time (never committed): "k8s", which requires
 k8s.io/kubernetes (with every staging module k8s.io/* replaced by its published v0.X.Y), etcd,
 scheduler-plugins and KubeRay, so that they share one set of k8s.io library versions and so the
-Go build cache; and "tools" for helm and KWOK, whose releases need newer k8s.io libraries.
+Go build cache; "tools" for helm and KWOK, whose releases need newer k8s.io libraries; and "node"
+for the real node's cluster DNS (CoreDNS, with only the plugins it uses) and crictl, whose own
+requirements would otherwise raise the versions the control plane is built with.
 Binaries are built one after another (2 cores) with -trimpath and -ldflags "-s -w".
 """
 
@@ -38,12 +40,16 @@ BINARIES: tuple[Binary, ...] = (
     Binary("kube-controller-manager", "k8s", "k8s.io/kubernetes/cmd/kube-controller-manager", "kube"),
     Binary("kube-scheduler", "k8s", "k8s.io/kubernetes/cmd/kube-scheduler", "kube"),
     Binary("kubectl", "k8s", "k8s.io/kubernetes/cmd/kubectl", "kube"),
+    Binary("kubelet", "k8s", "k8s.io/kubernetes/cmd/kubelet", "kube"),
+    Binary("kube-proxy", "k8s", "k8s.io/kubernetes/cmd/kube-proxy", "kube"),
     Binary("etcd", "k8s", "./cmd/etcd", ""),
     Binary("gang-scheduler", "k8s", "sigs.k8s.io/scheduler-plugins/cmd/scheduler", "kube"),
     Binary("gang-controller", "k8s", "sigs.k8s.io/scheduler-plugins/cmd/controller", "kube"),
     Binary("kuberay-operator", "k8s", "github.com/ray-project/kuberay/ray-operator", "kube"),
     Binary("helm", "tools", "helm.sh/helm/v3/cmd/helm", "helm"),
     Binary("kwok", "tools", "sigs.k8s.io/kwok/cmd/kwok", "kwok"),
+    Binary("coredns", "node", "./cmd/coredns", ""),
+    Binary("crictl", "node", "sigs.k8s.io/cri-tools/cmd/crictl", ""),
 )
 
 KUBERAY_MODULE = "github.com/ray-project/kuberay/ray-operator"
@@ -60,6 +66,26 @@ import (
 )
 
 func main() { etcdmain.Main(os.Args) }
+"""
+
+
+# CoreDNS's own main compiles in every plugin it ships (cloud DNS providers among them); the
+# cluster DNS needs only these.
+COREDNS_MAIN = """// Command coredns serves the local cluster's DNS: CoreDNS with the plugins it uses (generated).
+package main
+
+import (
+\t_ "github.com/coredns/coredns/plugin/bind"
+\t_ "github.com/coredns/coredns/plugin/cache"
+\t_ "github.com/coredns/coredns/plugin/errors"
+\t_ "github.com/coredns/coredns/plugin/health"
+\t_ "github.com/coredns/coredns/plugin/kubernetes"
+\t_ "github.com/coredns/coredns/plugin/ready"
+
+\t"github.com/coredns/coredns/coremain"
+)
+
+func main() { coremain.Run() }
 """
 
 
@@ -130,6 +156,18 @@ def write_tools_module(pins: Pins, src: Path) -> None:
     (src / "tools.go").write_text(f"//go:build tools\n\npackage tools\n\nimport (\n{imports})\n")
 
 
+def write_node_module(pins: Pins, src: Path) -> None:
+    src.mkdir(parents=True, exist_ok=True)
+    (src / "go.mod").write_text(
+        "module ppojob.local/cluster-node\n\ngo 1.26\n\nrequire (\n"
+        f"\tgithub.com/coredns/coredns {pins['COREDNS_VERSION']}\n"
+        f"\tsigs.k8s.io/cri-tools {pins['CRI_TOOLS_VERSION']}\n)\n"
+    )
+    (src / "tools.go").write_text('//go:build tools\n\npackage tools\n\nimport _ "sigs.k8s.io/cri-tools/cmd/crictl"\n')
+    (src / "cmd" / "coredns").mkdir(parents=True, exist_ok=True)
+    (src / "cmd" / "coredns" / "main.go").write_text(COREDNS_MAIN)
+
+
 def ldflags(binary: Binary, pins: Pins, src: Path) -> str:
     flags = ["-s", "-w"]
     if binary.stamp == "kube":
@@ -185,8 +223,8 @@ def build(pins: Pins | None = None, force: bool = False, out=sys.stdout) -> dict
     print(f"building the local cluster into {root} (log: {log})", file=out, flush=True)
     started = time.monotonic()
     timings: dict[str, float] = {}
-    srcs = {"k8s": root / "src" / "k8s", "tools": root / "src" / "tools"}
-    for name, writer in (("k8s", write_k8s_module), ("tools", write_tools_module)):
+    srcs = {name: root / "src" / name for name in ("k8s", "tools", "node")}
+    for name, writer in (("k8s", write_k8s_module), ("tools", write_tools_module), ("node", write_node_module)):
         t = time.monotonic()
         writer(pins, srcs[name])
         _run(["go", "mod", "tidy"], srcs[name], log)

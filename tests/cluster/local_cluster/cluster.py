@@ -1,8 +1,11 @@
-"""Start, attach to and stop the local Kubernetes cluster: real binaries as processes on 127.0.0.1.
+"""Start, attach to and stop the local Kubernetes cluster: real binaries as processes on this machine.
 
-Each component runs in its own process group with its log under <state>/logs/. Their pids (and
-/proc start times, so a recycled pid is never mistaken for ours) are recorded in
-<state>/cluster.json; `stop` signals exactly those process groups and nothing else.
+The control plane listens on 127.0.0.1 (the API server also on the real node's bridge address, so
+pods reach it); KWOK runs the fake GPU nodes and `node` the real one (kubelet, containerd, kube-proxy,
+CoreDNS). Each component runs in its own process group with its log under <state>/logs/. Their pids
+(and /proc start times, so a recycled pid is never mistaken for ours) are recorded in
+<state>/cluster.json; `stop` signals exactly those process groups and nothing else, then removes
+what the real node left on the host.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import build as builder
-from . import manifests
+from . import debian, manifests, node
 from .pins import Pins, build_dir, default_state_dir, load_pins
 from .pki import ensure_pki, kubeconfig_text, kubeconfig_token_text
 
@@ -47,11 +50,13 @@ PORTS: dict[str, int] = {
 }
 
 GANG_SCHEDULER_NAME = "scheduler-plugins-scheduler"
-SERVICE_CIDR = "127.96.0.0/16"
+SERVICE_CIDR = node.SERVICE_CIDR
 POD_CIDR = "10.244.0.1/16"
 """Pod IPs KWOK hands out: nothing dials them (no pod runs), but they must not be loopback addresses,
 which Endpoints and EndpointSlices refuse: the endpoint controllers would retry every Service's update
-for its whole life, each failure a Warning Event (about 20 a job: a third of all API requests at 10 jobs)."""
+for its whole life, each failure a Warning Event (about 20 a job: a third of all API requests at 10 jobs).
+The host routes them to a blackhole (node.KWOK_POD_CIDR): a connection to a Service of fake pods never
+leaves the machine."""
 
 
 class ClusterError(RuntimeError):
@@ -138,6 +143,20 @@ class LocalCluster:
     @property
     def record_file(self) -> Path:
         return self.state_dir / "cluster.json"
+
+    @property
+    def node_paths(self) -> node.NodePaths:
+        """The real node's folders (containerd, kubelet, CNI, configs) under the state dir."""
+        return node.NodePaths(self.state_dir / "node")
+
+    @property
+    def containerd_address(self) -> Path:
+        """The real node's containerd socket (`ctr --address`, `crictl --runtime-endpoint unix://...`)."""
+        return self.node_paths.containerd_socket
+
+    def crictl(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        """crictl against the real node's containerd; text output captured."""
+        return node.crictl(self.bin_dir, self.node_paths, *args, timeout=timeout)
 
     @property
     def server(self) -> str:
@@ -264,6 +283,9 @@ class LocalCluster:
             "gang-scheduler": https_ok(PORTS["gang-scheduler"]),
             "gang-controller": http_ok(PORTS["gang-controller-probe"], "/readyz"),
             "kuberay-operator": http_ok(PORTS["kuberay-probe"], "/readyz"),
+            "coredns": lambda: self._get(f"http://{HOST}:{node.NODE_PORTS['coredns-ready']}/ready")[0] == 200,
+            "kube-proxy": http_ok(node.NODE_PORTS["kube-proxy-healthz"], "/healthz"),
+            "kubelet": http_ok(node.NODE_PORTS["kubelet-healthz"], "/healthz"),
         }
 
     # ---- lifecycle ----------------------------------------------------------------------------
@@ -312,21 +334,24 @@ class LocalCluster:
             return None
 
     @classmethod
-    def start(cls, state_dir: Path | str | None = None, timeout: float = 180, out=None) -> LocalCluster:
-        """Build if needed, start every component, wait for readiness. The returned handle owns them."""
+    def start(
+        cls, state_dir: Path | str | None = None, timeout: float = 180, out=None, *, real_node: bool = True
+    ) -> LocalCluster:
+        """Build if needed, start every component, wait for readiness. The returned handle owns them.
+        `real_node=False` leaves out the real node (KWOK nodes only: the scale benchmark)."""
         cluster = cls(state_dir=Path(state_dir) if state_dir else default_state_dir(), owns_processes=True)
         with _locked(cluster.state_dir):
             if cluster.is_running():  # another process started it meanwhile: use it, never stop it
                 cluster.owns_processes = False
                 return cluster
-            cluster._start(timeout, out)
+            cluster._start(timeout, out, real_node=real_node)
         return cluster
 
     def _say(self, out, text: str) -> None:
         if out is not None:
             print(text, file=out, flush=True)
 
-    def _start(self, timeout: float, out) -> None:
+    def _start(self, timeout: float, out, *, real_node: bool) -> None:
         t0 = self._t0 = time.monotonic()
         self._ready_at: dict[str, float] = {}
         builder.build(self.pins, out=out if out is not None else io.StringIO())
@@ -334,6 +359,13 @@ class LocalCluster:
         stale = self._read_record()
         if stale:
             self._stop_record(stale)
+        node.clean_host(self.bin_dir, self.node_paths)  # what a killed run may have left
+        if real_node:
+            installed = debian.ensure_packages(node.HOST_PACKAGES, out)
+            if installed:
+                self._ready_at["Debian packages installed"] = round(installed, 1)
+        # The API server advertises the bridge address: it must exist first (KWOK-only clusters too).
+        node.ensure_network()
         busy = [f"{name} ({port})" for name, port in PORTS.items() if not _port_free(port)]
         if busy:
             raise ClusterError(
@@ -354,6 +386,7 @@ class LocalCluster:
             "ports": PORTS,
             "processes": {},
             "ready": False,
+            "real_node": real_node,
         }
         self._write_record(record)
         deadline = time.monotonic() + timeout
@@ -367,14 +400,20 @@ class LocalCluster:
             # These need no CRD: start them while the CRDs are applied.
             for name in ("kube-controller-manager", "kube-scheduler", "kwok"):
                 self._spawn(name, components.pop(name), record)
+            if real_node:  # needs no CRD either
+                self._start_real_node(pki, record, deadline)
             self.apply(manifests.fake_nodes(self.pins.values))
             self._apply_crds()
             self._ready_at["CRDs established"] = round(time.monotonic() - t0, 1)
             for name, args in components.items():  # the gang scheduler, its controller and KubeRay watch CRDs
                 self._spawn(name, args, record)
             for name, check in self._checks().items():
-                self._wait(name, check, deadline)
+                if name in record["processes"]:
+                    self._wait(name, check, deadline)
             self._wait("fake nodes Ready (kwok)", self._nodes_ready, deadline, log_name="kwok")
+            if real_node:
+                self._wait(f"real node {node.NODE_NAME} Ready (kubelet)", self._real_node_ready, deadline,
+                           log_name="kubelet")
             self._wait(
                 "default ServiceAccount (kube-controller-manager)",
                 self._default_sa_exists,
@@ -396,11 +435,12 @@ class LocalCluster:
         )
         self._say(out, f"kubeconfig: {self.kubeconfig}")
 
-    def _spawn(self, name: str, args: list[str], record: dict) -> None:
+    def _spawn(self, name: str, args: list[str], record: dict, binary: Path | None = None) -> None:
         log = self.log_dir / f"{name}.log"
         env = dict(os.environ)
         env["KUBECONFIG"] = str(self.kubeconfig)
-        binary = self.bin_dir / ("kuberay-operator" if name == "kuberay-operator" else name)
+        env["PATH"] = f"{env.get('PATH', '')}{os.pathsep}/usr/sbin{os.pathsep}/sbin"  # runc, iptables, mount
+        binary = binary or self.bin_dir / name
         with log.open("ab") as fh:
             proc = subprocess.Popen(
                 [str(binary), *args],
@@ -446,6 +486,31 @@ class LocalCluster:
                 raise ClusterError(f"timed out waiting for {name} to become ready; log: {log}\n{_log_tail(log)}")
             time.sleep(0.25)
 
+    def _start_real_node(self, pki: Path, record: dict, deadline: float) -> None:
+        """containerd (its leftover pods removed, the pause image loaded), CoreDNS, kube-proxy, kubelet."""
+        from . import images
+
+        paths = self.node_paths
+        conf = self.state_dir / "config"
+        kubeconfigs = {"kubelet": conf / "kubelet.kubeconfig", "kube-proxy": conf / "kube-proxy.kubeconfig",
+                       "coredns": self.kubeconfig}
+        node.write_configs(paths, pki, sandbox_image=images.PAUSE_IMAGE, kubeconfigs=kubeconfigs)
+        args = node.process_args(paths, kubeconfigs)
+        self._spawn("containerd", args.pop("containerd"), record, binary=Path(shutil.which("containerd") or "containerd"))
+        self._wait("containerd", lambda: self.crictl("info", timeout=10).returncode == 0, deadline)
+        node.remove_pods(self.bin_dir, paths)
+        images.ensure_pause_image(paths.containerd_socket)
+        self._ready_at["pause image loaded"] = round(time.monotonic() - self._t0, 1)
+        for name, command in args.items():
+            self._spawn(name, command, record)
+
+    def _real_node_ready(self) -> bool:
+        out = self.kubectl("get", "node", node.NODE_NAME, "-o", "json", check=False, timeout=20)
+        if out.returncode != 0:
+            return False
+        conditions = json.loads(out.stdout).get("status", {}).get("conditions", [])
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
     def _nodes_ready(self) -> bool:
         out = self.kubectl("get", "nodes", "-o", "json", check=False, timeout=20)
         if out.returncode != 0:
@@ -483,7 +548,7 @@ class LocalCluster:
         self.kubeconfig.chmod(0o600)
         conf = self.state_dir / "config"
         conf.mkdir(exist_ok=True)
-        for client in ("controller-manager", "scheduler"):
+        for client in ("controller-manager", "scheduler", "kubelet", "kube-proxy"):
             (conf / f"{client}.kubeconfig").write_text(kubeconfig_text(self.server, pki, client, client))
         (conf / "kube-scheduler.yaml").write_text(manifests.scheduler_config(conf / "scheduler.kubeconfig", None))
         (conf / "gang-scheduler.yaml").write_text(manifests.scheduler_config(self.kubeconfig, GANG_SCHEDULER_NAME))
@@ -505,9 +570,15 @@ class LocalCluster:
     def _apiserver_args(self, pki: Path) -> list[str]:
         return [
             f"--etcd-servers=http://{HOST}:{PORTS['etcd']}",
-            f"--bind-address={HOST}",
-            f"--advertise-address={HOST}",
+            # All addresses: loopback for this machine's clients, the bridge for pods (the `kubernetes`
+            # Service's endpoint is the advertised bridge address).
+            "--bind-address=0.0.0.0",
+            f"--advertise-address={node.BRIDGE_ADDRESS}",
             f"--secure-port={PORTS['kube-apiserver']}",
+            f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+            f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+            f"--kubelet-certificate-authority={pki / 'ca.crt'}",
+            "--kubelet-preferred-address-types=InternalIP",
             f"--tls-cert-file={pki / 'apiserver.crt'}",
             f"--tls-private-key-file={pki / 'apiserver.key'}",
             f"--client-ca-file={pki / 'ca.crt'}",
@@ -516,7 +587,6 @@ class LocalCluster:
             f"--service-account-key-file={pki / 'sa.pub'}",
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
-            "--endpoint-reconciler-type=none",
             "--allow-privileged=true",
             f"--cert-dir={self.state_dir / 'certs' / 'apiserver'}",
             "--profiling=false",
@@ -542,6 +612,8 @@ class LocalCluster:
                 f"--cluster-signing-cert-file={pki / 'ca.crt'}",
                 f"--cluster-signing-key-file={pki / 'ca.key'}",
                 "--controllers=*",
+                # A stopped kubelet shows as a NotReady node in 30 s, not 50 (KWOK renews its leases every 10 s).
+                "--node-monitor-grace-period=30s",
                 "--profiling=false",
             ],
             "kube-scheduler": [
@@ -591,10 +663,11 @@ class LocalCluster:
             return self.apiserver_ready
         return self._checks().get(name, lambda: True)
 
-    def restart(self, *names: str, down_s: float = 0.0, timeout: float = 120) -> float:
-        """Crash and restart these components (SIGKILL, then the same command line: etcd keeps its
-        data dir), stopped in reverse order and started in order, each waited on until healthy.
-        `down_s`: how long they stay down. Returns the seconds from the kill to all healthy again."""
+    @contextlib.contextmanager
+    def stopped(self, *names: str, timeout: float = 120):
+        """These components crashed (SIGKILL, in reverse order) for the duration of the block; on
+        leaving it, started again with the same command lines (etcd keeps its data dir), in order,
+        each waited on until healthy."""
         with _locked(self.state_dir):
             record = self._read_record()
             if not record or not record.get("ready"):
@@ -602,15 +675,25 @@ class LocalCluster:
             unknown = [n for n in names if n not in record["processes"]]
             if unknown:
                 raise ClusterError(f"no such component: {', '.join(unknown)}; known: {', '.join(record['processes'])}")
-            killed = time.monotonic()
             for name in reversed(names):
                 self._kill_component(name, record["processes"][name])
+        try:
+            yield
+        finally:
+            with _locked(self.state_dir):
+                deadline = time.monotonic() + timeout
+                for name in names:
+                    binary, *args = record["processes"][name]["cmd"]
+                    self._spawn(name, args, record, binary=Path(binary))
+                    self._wait_loop(name, self._health(name), deadline, self.log_dir / f"{name}.log")
+
+    def restart(self, *names: str, down_s: float = 0.0, timeout: float = 120) -> float:
+        """Crash and restart these components (`stopped`); `down_s`: how long they stay down.
+        Returns the seconds from the kill to all healthy again."""
+        killed = time.monotonic()
+        with self.stopped(*names, timeout=timeout):
             time.sleep(down_s)
-            deadline = time.monotonic() + timeout
-            for name in names:
-                self._spawn(name, record["processes"][name]["cmd"][1:], record)
-                self._wait_loop(name, self._health(name), deadline, self.log_dir / f"{name}.log")
-            return time.monotonic() - killed
+        return time.monotonic() - killed
 
     def restart_apiserver(self, down_s: float = 0.0) -> float:
         return self.restart("kube-apiserver", down_s=down_s)
@@ -658,9 +741,27 @@ class LocalCluster:
 
     # ---- stopping -----------------------------------------------------------------------------
     def _stop_record(self, record: dict, grace: float = 10) -> list[str]:
-        """Stop the recorded process groups that are still ours (pid + start time match), newest first."""
+        """Stop the recorded process groups that are still ours (pid + start time match), newest first;
+        the real node's kubelet before them all, and its pods through the CRI while containerd runs;
+        then what the node left on the host."""
+        processes = record.get("processes", {})
         stopped = []
-        procs = list(record.get("processes", {}).items())[::-1]
+        if "kubelet" in processes:
+            stopped += self._stop_processes({"kubelet": processes["kubelet"]}, grace)
+            if "containerd" in processes and _alive(processes["containerd"]):
+                node.remove_pods(self.bin_dir, self.node_paths)
+        stopped += self._stop_processes({k: v for k, v in processes.items() if k != "kubelet"}, grace)
+        node.clean_host(self.bin_dir, self.node_paths)
+        self._popen.clear()
+        try:
+            self.record_file.unlink()
+        except FileNotFoundError:
+            pass
+        return stopped
+
+    def _stop_processes(self, processes: dict[str, dict], grace: float) -> list[str]:
+        stopped = []
+        procs = list(processes.items())[::-1]
         for name, p in procs:
             if _alive(p):
                 try:
@@ -670,7 +771,7 @@ class LocalCluster:
                     pass
         deadline = time.monotonic() + grace
         for name, p in procs:
-            proc = self._popen.get(name)
+            proc = self._popen.pop(name, None)
             while _alive(p) and time.monotonic() < deadline:
                 if proc is not None:
                     proc.poll()
@@ -685,11 +786,6 @@ class LocalCluster:
                     proc.wait(timeout=5)
                 except subprocess.TimeoutExpired:
                     pass
-        self._popen.clear()
-        try:
-            self.record_file.unlink()
-        except FileNotFoundError:
-            pass
         return stopped
 
     def stop(self) -> list[str]:

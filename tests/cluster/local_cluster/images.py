@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import debian
 from .pins import cache_root
 
 REPO = Path(__file__).resolve().parents[3]
@@ -38,6 +39,11 @@ PAUSE_SOURCE = REPO / "images" / "pause" / "pause.c"
 PAUSE_USER = "65535:65535"  # nobody needs to own the sandbox's process
 # Bump when the way a base or the pause image is made changes: forces them to be made again.
 RECIPE = "1"
+
+
+# Debian packages the builds need (installed when missing), and a file each ships.
+BUILD_PACKAGES = {"buildah": Path("/usr/bin/buildah"), "mmdebstrap": Path("/usr/bin/mmdebstrap"),
+                  "containerd": Path("/usr/bin/ctr")}
 
 
 class ImagesError(RuntimeError):
@@ -314,6 +320,7 @@ def _push(name: str, entry: dict, steps: _Steps, previous: dict) -> dict:
 def build_images(*, base: DebianBase = BOOKWORM, out=sys.stdout) -> dict:
     """Make the base if missing, build the pause image, the operator and the CPU trainer, and push each
     to its archive. Returns images.json's record: per image its id, archive, sizes and timings."""
+    debian.ensure_packages(BUILD_PACKAGES, out)
     _require_tools("buildah", "mmdebstrap", "gcc")
     root = images_dir()
     buildah = Buildah(root / "buildah")
@@ -337,3 +344,53 @@ def build_images(*, base: DebianBase = BOOKWORM, out=sys.stdout) -> dict:
     record["timings_s"] = steps.timings
     record_path.write_text(json.dumps(record, indent=2) + "\n")
     return record
+
+
+def loaded_images(address: str | Path, namespace: str = CONTAINERD_NAMESPACE) -> set[str]:
+    """Names of the images the containerd at `address` holds in `namespace`."""
+    result = subprocess.run(["ctr", "--address", str(address), "--namespace", namespace, "images", "list", "-q"],
+                            capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise ImagesError(f"`ctr images list` at {address} failed: {result.stderr.strip()}")
+    return set(result.stdout.split())
+
+
+def load_images(address: str | Path, names: tuple[str, ...] = LOCAL_IMAGES) -> list[str]:
+    """Import the archives of `names` into the containerd at `address` unless it holds that very build
+    already (the image ids imported are kept beside its socket, as `loaded-images.json`); the names
+    now loaded. The archives must exist (`make images`)."""
+    record_path = images_dir() / "images.json"
+    built = json.loads(record_path.read_text()) if record_path.is_file() else {}
+    loaded_path = Path(address).parent / "loaded-images.json"
+    loaded = json.loads(loaded_path.read_text()) if loaded_path.is_file() else {}
+    present = loaded_images(address)
+    for name in names:
+        image_id = built.get(name, {}).get("image_id")
+        if name in present and image_id and loaded.get(name) == image_id:
+            continue
+        import_image(archive_path(name), address=address)
+        loaded[name] = image_id
+        loaded_path.write_text(json.dumps(loaded, indent=2) + "\n")
+    return list(names)
+
+
+def build_pause_image(out=sys.stdout) -> None:
+    """The pause image alone (the real node's sandbox, which it needs before any other image), built
+    and pushed to its archive; `build_images` keeps it."""
+    debian.ensure_packages({"buildah": BUILD_PACKAGES["buildah"]}, out)
+    _require_tools("buildah", "gcc")
+    root = images_dir()
+    buildah = Buildah(root / "buildah")
+    for folder in (buildah.root / "tmp", root / "archives"):
+        folder.mkdir(parents=True, exist_ok=True)
+    steps = _Steps(root / "build.log", buildah, out)
+    _push(PAUSE_IMAGE, _ensure_pause(steps, {}), steps, {})
+
+
+def ensure_pause_image(address: str | Path, out=sys.stdout) -> None:
+    """The kubelet's sandbox image in the containerd at `address`, built first if its archive is missing."""
+    if PAUSE_IMAGE in loaded_images(address):
+        return
+    if not archive_path(PAUSE_IMAGE).is_file():
+        build_pause_image(out)
+    import_image(archive_path(PAUSE_IMAGE), address=address)

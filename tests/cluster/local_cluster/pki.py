@@ -1,9 +1,12 @@
 """Certificates and keys for the local cluster, made with the openssl command line.
 
-One CA signs the API server's serving certificate (127.0.0.1, localhost) and a client
-certificate per identity: the admin (group system:masters, so it may impersonate anyone),
-the controller-manager and the scheduler (their built-in RBAC users). A separate RSA key pair
-signs and verifies ServiceAccount tokens.
+One CA signs the API server's serving certificate (127.0.0.1, localhost, the bridge address pods
+reach it on, the `kubernetes` Service's ClusterIP), the real node's kubelet serving certificate,
+and a client certificate per identity: the admin (group system:masters, so it may impersonate
+anyone), the controller-manager and the scheduler (their built-in RBAC users), the real node's
+kubelet (system:node:<name>, for the Node authorizer), kube-proxy (bound to system:node-proxier
+by the built-in RBAC) and the API server's client to the kubelet. A separate RSA key pair signs and
+verifies ServiceAccount tokens.
 """
 
 from __future__ import annotations
@@ -13,6 +16,11 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from .node import BRIDGE_ADDRESS, NODE_NAME
+
+# Bump when the set of certificates or their names change: an older folder is made anew.
+PKI_VERSION = "2"
+KUBERNETES_SERVICE_IP = "10.96.0.1"  # the first address of node.SERVICE_CIDR
 ADMIN_USER = "ppojob-admin"
 
 # file stem -> (common name, organisation or None)
@@ -20,7 +28,11 @@ CLIENTS: dict[str, tuple[str, str | None]] = {
     "admin": (ADMIN_USER, "system:masters"),
     "controller-manager": ("system:kube-controller-manager", None),
     "scheduler": ("system:kube-scheduler", None),
+    "kubelet": (f"system:node:{NODE_NAME}", "system:nodes"),
+    "kube-proxy": ("system:kube-proxy", None),
+    "apiserver-kubelet-client": ("kube-apiserver-kubelet-client", "system:masters"),
 }
+SERVER = "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n"
 
 
 class PKIError(RuntimeError):
@@ -74,7 +86,8 @@ def _sign(pki: Path, stem: str, subject: str, extensions: str) -> None:
 
 def ensure_pki(pki: Path) -> Path:
     """Create the CA, serving, client and service-account keys once; reuse them afterwards."""
-    if (pki / "complete").exists():
+    marker = pki / "complete"
+    if marker.exists() and marker.read_text().strip() == PKI_VERSION:
         return pki
     if shutil.which("openssl") is None:
         raise PKIError("`openssl` is not on PATH (Debian package openssl): needed for the cluster's certificates")
@@ -102,10 +115,10 @@ def ensure_pki(pki: Path) -> Path:
         pki,
         "apiserver",
         "/CN=kube-apiserver",
-        "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n"
-        "extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,"
-        "DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local\n",
+        SERVER + f"subjectAltName=IP:127.0.0.1,IP:{BRIDGE_ADDRESS},IP:{KUBERNETES_SERVICE_IP},DNS:localhost,"
+        "DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local\n",
     )
+    _sign(pki, "kubelet-serving", f"/CN={NODE_NAME}", SERVER + f"subjectAltName=IP:{BRIDGE_ADDRESS},DNS:{NODE_NAME}\n")
     for stem, (cn, org) in CLIENTS.items():
         subject = f"/CN={cn}" + (f"/O={org}" if org else "")
         _sign(
@@ -119,7 +132,7 @@ def ensure_pki(pki: Path) -> Path:
     for path in pki.iterdir():
         if path.suffix == ".key":
             path.chmod(0o600)
-    (pki / "complete").write_text("ok\n")
+    marker.write_text(PKI_VERSION + "\n")
     return pki
 
 

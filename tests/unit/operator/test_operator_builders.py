@@ -251,8 +251,9 @@ def test_build_submission_is_deterministic_per_attempt_and_resumes_after_the_fir
     assert first == again
     assert first["submission_id"] == "ppojob-1234-abcd-a0" and second["submission_id"] == "ppojob-1234-abcd-a1"
     assert first["entrypoint"].endswith(
-        "exec ppo-train /tmp/ppojob-1234-abcd-a0.yaml --address auto --run-dir /checkpoints"
-    ) and second["entrypoint"].endswith("--resume")
+        "exec bash -c 'exec > >(tee -a /proc/1/fd/1) 2>&1; "
+        "exec ppo-train /tmp/ppojob-1234-abcd-a0.yaml --address auto --run-dir /checkpoints'"
+    ) and second["entrypoint"].endswith("--resume'")
     encoded = first["entrypoint"].split()[1]
     manifest = yaml.safe_load(base64.b64decode(encoded))
     assert manifest["kind"] == "PPOJob" and manifest["spec"]["image"] == "ppojob/trainer:test"

@@ -337,3 +337,19 @@ def test_the_first_report_is_never_held():
     job = make_job(status={"phase": "Initializing", "reason": "TrainerStarted"})
     new = {**operator_status(job.status), "progress": {"attempt": 0, "step": 0}}
     assert hold_routine_progress(job, new, folded_at=NOW, now=NOW, interval_s=10.0) == (new, None)
+
+
+def test_a_pod_whose_node_stopped_reporting_is_said_in_pods_ready_without_a_restart():
+    body, gang = _running_body()
+    assert cond(body["status"], "PodsReady")["status"] == "True"
+    unready = (gang[0], PodRecord(**{**gang[1].__dict__, "ready": False}), gang[2])
+    status = run(body, Observed(clusters=(cluster(0),), pods=unready, identity_ready=True, trainer=RUNNING),
+                 NOW + timedelta(seconds=2))
+    condition = cond(status, "PodsReady")
+    assert (condition["status"], condition["reason"]) == ("False", "PodsNotReady")
+    assert condition["message"] == "pod tiny-a0-train-1 on node kwok-gpu-1 is not ready"
+    assert status["phase"] == "CriticWarmup" and status["restarts"] == 0  # the trainer may well carry on
+    body = advance(body, status)
+    back = run(body, Observed(clusters=(cluster(0),), pods=gang, identity_ready=True, trainer=RUNNING),
+               NOW + timedelta(seconds=3))
+    assert cond(back, "PodsReady")["status"] == "True"
