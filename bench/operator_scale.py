@@ -468,7 +468,7 @@ async def run_size(jobs: int, args: argparse.Namespace, say) -> dict[str, Any]:
     with cluster_lock(say):
         cluster = LocalCluster.running()
         owned = cluster is None
-        cluster = cluster or LocalCluster.start(out=sys.stdout)
+        cluster = cluster or LocalCluster.start(out=sys.stdout, real_node=False)  # KWOK nodes only
         procs.resume_cluster_kuberay(cluster)  # in case an earlier run died with it paused
         prepare_cluster(cluster, jobs, say)
         try:

@@ -76,6 +76,17 @@ def gang_placement(job: Job, spec: PPOJobSpec, observed: Observed, attempt: int)
     )
 
 
+def should_confirm_children(job: Job, spec: PPOJobSpec, observed: Observed) -> bool:
+    """The attempt's gang was placed, yet its RayCluster or some of its pods are not seen: gone, or
+    not yet listed by this operator's indices (a replica that has just taken over from another).
+    Before a restart is decided on it, the API server is asked."""
+    attempt = job.attempt
+    if not is_true(job.status.get("conditions") or [], ConditionType.GANG_SCHEDULED):
+        return False
+    seen = [p for p in observed.pods_of(attempt) if not p.deleting]
+    return observed.cluster_of(attempt) is None or len(seen) < gang_of(job, spec, attempt).min_member
+
+
 def describe_pending_gang(
     job: Job, spec: PPOJobSpec, observed: Observed, attempt: int, backend: GangBackend
 ) -> str:

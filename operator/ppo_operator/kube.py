@@ -165,10 +165,13 @@ class Kube:
                 return False
             raise
 
-    async def list_uids(self, resource: GroupResource, namespace: str, label_selector: str) -> set[str]:
-        """The uids of the objects of a kind that carry the labels, as the API server has them now."""
+    async def list(self, resource: GroupResource, namespace: str, label_selector: str) -> list[dict]:
+        """The objects of a kind that carry the labels, as the API server has them now."""
         path = f"{resource_path(resource, namespace)}?labelSelector={urllib.parse.quote(label_selector)}"
-        return {item["metadata"]["uid"] for item in (await self.request("GET", path))["items"]}
+        return (await self.request("GET", path))["items"]
+
+    async def list_uids(self, resource: GroupResource, namespace: str, label_selector: str) -> set[str]:
+        return {item["metadata"]["uid"] for item in await self.list(resource, namespace, label_selector)}
 
     async def patch_status(self, resource: GroupResource, namespace: str, name: str, patch: Mapping[str, Any]) -> dict:
         """Merge-patch the status subresource (in the status lane); returns the object as stored."""

@@ -26,7 +26,7 @@ from ppo_operator.builders.common import BuildOptions
 from ppo_operator.builders.network_policy import build_network_policy
 from ppo_operator.builders.ray_token import build_ray_token_secret
 from ppo_operator.builders.rbac import build_progress_configmap, build_role, build_role_binding, build_service_account
-from ppo_operator.decisions import Policy
+from ppo_operator.decisions import Policy, should_confirm_children
 from ppo_operator.events import (
     Event,
     compute_events,
@@ -46,6 +46,8 @@ from ppo_operator.observed import (
     ReportRecord,
     TrainerRecord,
     report_of,
+    summarize_pod,
+    summarize_raycluster,
 )
 from ppo_operator.plan import RAYCLUSTERS, Plan, next_wakeup, plan_actions, pod_group_resource_of
 from ppo_operator.status import compute_status, hold_routine_progress, operator_status, status_changed, status_patch
@@ -243,10 +245,17 @@ class Reconciler:
             memory.reference_problem = await self.check_references(job, spec)
             memory.references_checked = attempt
         trainer = await self.launcher.observe(job, attempt) if spec is not None else TrainerRecord()
-        return Observed(
+        observed = Observed(
             pods=children.pods, clusters=children.clusters, pod_groups=children.pod_groups, trainer=trainer,
             reference_problem=memory.reference_problem, identity_ready=memory.identity_ready,
         )
+        if spec is not None and should_confirm_children(job, spec, observed):
+            selector = f"{LABEL_JOB_NAME}={job.name}"
+            pods, clusters = await asyncio.gather(self.kube.list(PODS, job.namespace, selector),
+                                                  self.kube.list(RAYCLUSTERS, job.namespace, selector))
+            observed = dataclasses.replace(observed, pods=tuple(summarize_pod(p) for p in pods),
+                                           clusters=tuple(summarize_raycluster(c) for c in clusters))
+        return observed
 
     async def check_references(self, job: Job, spec: PPOJobSpec) -> str | None:
         """The objects the spec names and the schema cannot check: they must exist before the pods do."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 
@@ -53,11 +54,15 @@ def past_first_checkpoint(status: dict) -> bool:
 
 
 def finish(story: Story) -> dict:
+    """Follow the job to its end, capture, delete it; its story.json (timeline, figures) stays in the
+    test's folder."""
+    status = None
     try:
         status = story.follow()
         story.capture()
         return status
     finally:
+        story.record(status, None, None)
         story.delete_job()
         story.delete_checkpoint_claim()
 
@@ -87,13 +92,11 @@ def test_a_killed_worker_container_restarts_the_job_from_its_checkpoint(operator
     story.say(f"killed the container of {worker}")
     status = finish(story)
     assert status["phase"] == "Succeeded", status
-    assert status["restarts"] == 1 and status["attempt"] == 1, status
-    resumed = [s for _, s in story.timeline if "steps=" in s and "phase=Restarting" not in s]
-    assert status["progress"]["step"] == 24, status["progress"]
+    assert status["restarts"] == 1 and status["attempt"] == 1 and status["progress"]["step"] == 24, status
+    # The driver failed with its worker; the operator restarted the job from the checkpoint on the claim.
     events = story.snapshots["events"]
-    assert "Restarting" in events and "TrainerFailed" in events, events
-    assert any("resumed" in line.lower() or "step-0000000" in line for line in events.splitlines()), events
-    assert resumed
+    restart = re.search(r"TrainerFailed .*Restarting: restart 1/3 from step (\d+): Ray job FAILED", events)
+    assert restart and int(restart.group(1)) >= 4, events
 
 
 def test_a_deleted_head_pod_shows_at_once_and_the_job_restarts_from_its_checkpoint(operator_in_pods, tmp_path):

@@ -37,6 +37,7 @@ class FakeKube:
         self.rv = 100
         self.present: dict[str, set[str]] = {}  # what list_uids finds, by kind
         self.created: list[dict] = []
+        self.listed: dict[str, list[dict]] = {}  # what list finds, by kind
 
     async def ensure_created(self, manifest):
         self.calls.append(("create", manifest["kind"], manifest["metadata"]["name"]))
@@ -54,6 +55,10 @@ class FakeKube:
     async def list_uids(self, resource, namespace, label_selector):
         self.calls.append(("list", resource.kind, label_selector))
         return self.present.get(resource.kind, set())
+
+    async def list(self, resource, namespace, label_selector):
+        self.calls.append(("list", resource.kind, label_selector))
+        return self.listed.get(resource.kind, [])
 
     async def patch_status(self, resource, namespace, name, patch):
         self.calls.append(("patch", "status", name))
@@ -409,3 +414,38 @@ def test_the_trainers_identity_is_revoked_once_when_the_job_ends():
     kube.calls.clear()
     asyncio.run(reconciler.reconcile(kube.body, Children(), memory))
     assert [c for c in kube.calls if c[0] == "delete"] == []
+
+
+def pod_body(record) -> dict:
+    """A pod as the API server lists it, for a record of operator_factory.pods."""
+    placed = "2026-01-01T11:01:00Z"
+    return {
+        "metadata": {"name": record.name, "uid": record.uid, "creationTimestamp": "2026-01-01T11:00:00Z",
+                     "labels": {"ppojob.io/job-name": "tiny", "ppojob.io/attempt": str(record.attempt),
+                                "ppojob.io/role": record.role}},
+        "spec": {"nodeName": record.node},
+        "status": {"phase": record.phase, "conditions": [
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": placed},
+            {"type": "Ready", "status": "True", "lastTransitionTime": placed}]},
+    }
+
+
+def test_pods_the_index_lacks_are_asked_of_the_api_server_before_a_restart():
+    """A replica that has just taken over (kopf peering) may reconcile before its pod index has listed
+    a running job's pods and RayCluster: the API server is asked, and a gang that is all there is not
+    lost."""
+    reconciler, kube, _, _ = make(make_ppojob(), FakeLauncher(TrainerState.RUNNING))
+    memory = JobMemory(progress_seen={}, identity_ready=True)
+    placed = Children(pods=pods(0, 3), clusters=(cluster(0),), pod_groups=(pod_group(0, phase="Running"),))
+    asyncio.run(reconciler.reconcile(kube.body, placed, memory))
+    assert kube.body["status"]["phase"] == "CriticWarmup" and not [c for c in kube.calls if c[0] == "list"]
+    unlisted = dataclasses.replace(placed, pods=(), clusters=())
+    cluster_body = {"metadata": {"name": "tiny-a0", "uid": "uid-cluster-a0", "labels": {"ppojob.io/attempt": "0"}},
+                    "status": {"state": "ready"}}
+    kube.listed = {"Pod": [pod_body(p) for p in pods(0, 3)], "RayCluster": [cluster_body]}
+    asyncio.run(reconciler.reconcile(kube.body, unlisted, memory))
+    assert {("list", "Pod", "ppojob.io/job-name=tiny"), ("list", "RayCluster", "ppojob.io/job-name=tiny")} <= set(kube.calls)
+    assert (kube.body["status"]["phase"], kube.body["status"]["restarts"]) == ("CriticWarmup", 0)
+    kube.listed = {"Pod": [], "RayCluster": [cluster_body]}  # the pods are gone indeed
+    asyncio.run(reconciler.reconcile(kube.body, unlisted, memory))
+    assert (kube.body["status"]["phase"], kube.body["status"]["reason"]) == ("Restarting", "PodLost")
