@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 export PPOJOB_CACHE ?= $(HOME)/.cache/ppojob
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help venv test test-unit test-integration test-e2e run run-llm demo bench-scale cluster-binaries images cluster-up cluster-down cluster-env lint clean
+.PHONY: help venv prerequisites test test-unit test-integration test-e2e run run-llm demo bench-scale cluster-binaries images cluster-up cluster-down cluster-env lint clean
 
 help:
 	@echo "make demo          the whole story on the local cluster (helm install, kubectl apply, watch it train)"
@@ -53,8 +53,13 @@ run: venv
 run-llm: venv
 	$(VENV)/bin/ppo-train examples/smollm2-ppojob.yaml --run-dir runs/smollm2
 
+# The Go build (CPU-bound) and the image builds (downloads and disk, mostly) run side by side: on a
+# fresh machine they are most of the first run's time.
+prerequisites: venv
+	@$(MAKE) --no-print-directory -j2 cluster-binaries images
+
 # DEMO_ARGS: e.g. --work-dir DIR, --keep (the release and the job stay for looking around).
-demo: venv cluster-binaries images
+demo: prerequisites
 	@PYTHONPATH=tests/e2e $(PY) -m story $(DEMO_ARGS)
 
 # Takes the cluster lock (/tmp/ppojob-cluster.lock) itself, one size at a time; writes runs/operator_scale/.
@@ -62,7 +67,7 @@ JOBS ?= 10,100,500
 bench-scale: venv cluster-binaries
 	$(PY) bench/operator_scale.py --jobs $(JOBS)
 
-test: venv cluster-binaries images
+test: prerequisites
 	@start=$$(date +%s); \
 	$(PY) -m pytest tests -m "not gpu" -p no:cacheprovider; rc=$$?; \
 	echo "[timing] pytest: $$(( $$(date +%s) - start ))s"; exit $$rc
@@ -70,10 +75,10 @@ test: venv cluster-binaries images
 test-unit: venv
 	$(PY) -m pytest tests/unit -q
 
-test-integration: venv cluster-binaries
+test-integration: prerequisites
 	$(PY) -m pytest tests/integration -m "not gpu"
 
-test-e2e: venv cluster-binaries
+test-e2e: prerequisites
 	$(PY) -m pytest tests/e2e -m "not gpu"
 
 lint: venv

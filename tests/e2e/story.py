@@ -85,11 +85,13 @@ def checkpoint_volume(*, name: str, namespace: str, claim: str, path: Path) -> s
     return json.dumps(pv) + "\n---\n" + json.dumps(pvc) + "\n"
 
 
-def example_job(name: str, *, claim: str) -> dict:
-    """The example PPOJob under another name, with its own checkpoint claim."""
+def example_job(name: str, *, claim: str, steps: int | None = None) -> dict:
+    """The example PPOJob under another name, with its own checkpoint claim (and `steps` rollouts)."""
     manifest = yaml.safe_load(EXAMPLE.read_text())
     manifest["metadata"]["name"] = name
     manifest["spec"]["checkpoint"]["volumeClaim"] = claim
+    if steps is not None:
+        manifest["spec"]["ppo"]["numRollouts"] = steps
     return manifest
 
 
@@ -254,6 +256,37 @@ class Story:
         states = {p["metadata"]["name"]: p["status"].get("containerStatuses") for p in pods}
         raise StoryError(f"the job's pods did not all run within {timeout}s: {states}")
 
+    def probe_dashboard_without_token(self, timeout: float = 120) -> int:
+        """From another pod of the namespace, a request to the head's job API without the job's Ray
+        token: the HTTP status it gets (401: refused). No NetworkPolicy is enforced here, so the
+        request does reach the dashboard; the token is what refuses it."""
+        url = f"http://{self.job_name}-a0-head-svc.{JOB_NAMESPACE}.svc:8265/api/jobs/"
+        code = ("import urllib.request, urllib.error\n"
+                f"try:\n    print('status', urllib.request.urlopen({url!r}, timeout=10).status)\n"
+                "except urllib.error.HTTPError as error:\n    print('status', error.code)\n")
+        probe = {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{self.job_name}-anonymous-probe"},
+            "spec": {
+                "restartPolicy": "Never", "automountServiceAccountToken": False,
+                "nodeSelector": {node.NODE_LABEL: "true"}, "tolerations": [REAL_NODE_TOLERATION],
+                "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "seccompProfile": {"type": "RuntimeDefault"}},
+                "containers": [{"name": "probe", "image": images.OPERATOR_IMAGE, "imagePullPolicy": "IfNotPresent",
+                                "command": ["python3", "-c", code],
+                                "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}}],
+            },
+        }
+        name = probe["metadata"]["name"]
+        self.cluster.apply(json.dumps(probe), "-n", JOB_NAMESPACE)
+        try:
+            self.kubectl("wait", "--for=jsonpath={.status.phase}=Succeeded", f"pod/{name}", "-n", JOB_NAMESPACE,
+                         f"--timeout={int(timeout)}s", timeout=timeout + 30)
+            found = re.search(r"status (\d+)", self.kubectl("logs", name, "-n", JOB_NAMESPACE))
+        finally:
+            self.kubectl("delete", "pod", name, "-n", JOB_NAMESPACE, "--wait=false", check=False)
+        status = int(found.group(1)) if found else 0
+        self.say(f"a request to the head's job API without the job's Ray token, from another pod: HTTP {status}")
+        return status
+
     def follow(self, timeout: float = 900) -> dict:
         """Poll the job until it finishes, noting each phase and capturing describe along the way."""
         deadline = time.monotonic() + timeout
@@ -388,6 +421,7 @@ class Story:
             self.apply_job()
             self.wait_for_children()
             self.wait_for_pods()
+            self.probe_dashboard_without_token()
             status = self.follow()
             self.capture()
             self.say(f"finished: {status['phase']} after {self.phases_seen}")

@@ -33,6 +33,8 @@ def test_make_demo_runs_the_readme_story_in_real_pods(local_cluster, tmp_path):
     # The job's pods ran in containers on the real node, in a namespace enforcing `restricted`.
     assert "namespace ppo-demo enforces the restricted Pod Security Standard" in steps
     assert any(re.match(r"\d+ pods Running in containers on real-0 ", s) for s in steps), steps
+    # The head's job API refuses a request without the job's Ray token, from another pod.
+    assert "a request to the head's job API without the job's Ray token, from another pod: HTTP 401" in steps, steps
     # The phases a person sees, in order: warm-up before training, then success.
     seen = story["phases_seen"]
     assert seen.index("CriticWarmup") < seen.index("Training") < seen.index("Succeeded"), seen
@@ -64,5 +66,7 @@ def test_make_demo_runs_the_readme_story_in_real_pods(local_cluster, tmp_path):
     assert steps[kept + 1:] == ["kubectl delete crd ppojobs.ppojob.io",
                                 "the PPOJob CRD is gone: nothing of the chart is left"], steps[kept:]
     assert not local_cluster.kubectl("get", "crd", "ppojobs.ppojob.io", "--ignore-not-found", "-o", "name").stdout
-    assert not local_cluster.crictl("pods", "-q", "--namespace", "ppo-demo").stdout.strip(), "containers left"
+    # No container of the job runs on the node any more (the kubelet removes stopped sandboxes later).
+    running = local_cluster.crictl("pods", "-q", "--namespace", "ppo-demo", "--state", "ready").stdout.split()
+    assert not running, f"pod sandboxes still running: {running}"
     print("figures:", story["figures"])

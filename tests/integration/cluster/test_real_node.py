@@ -156,3 +156,24 @@ def test_pods_without_the_toleration_stay_on_fake_nodes(local_cluster, k8s_names
             break
         time.sleep(0.5)
     assert placed.startswith("kwok-"), placed
+
+
+def test_trainer_image_has_ray_on_a_login_shells_path_and_trains_torch_on_cpu(local_cluster, restricted_namespace):
+    # KubeRay starts Ray with `/bin/bash -lc -- ... ray start ...`: a login shell, which resets PATH.
+    code = ("import torch, ray, transformers, ppo_trainer.cli; m = torch.nn.Linear(8, 1); "
+            "m(torch.randn(4, 8)).pow(2).mean().backward(); "
+            "print('versions', torch.__version__, ray.__version__, torch.cuda.is_available(), m.weight.grad is not None)")
+    pod = json.loads(python_pod("trainer", ""))
+    container = pod["spec"]["containers"][0]
+    container["image"] = images.TRAINER_CPU_IMAGE
+    container["command"] = ["/bin/bash", "-lc", "--", f"id -u && ray --version && python -c \"{code}\" && ppo-train --help"]
+    local_cluster.apply(json.dumps(pod), "-n", restricted_namespace)
+    done = wait_for_phase(local_cluster, restricted_namespace, "trainer", ("Succeeded", "Failed"), timeout=180)
+    logs = local_cluster.kubectl("logs", "trainer", "-n", restricted_namespace).stdout
+    assert done["status"]["phase"] == "Succeeded", logs
+    lines = logs.splitlines()
+    assert lines[0] == "1000" and "2.60.0" in lines[1], logs
+    _, torch_version, ray_version, cuda, has_grad = next(line for line in lines if line.startswith("versions")).split()
+    assert ray_version == "2.60.0" and cuda == "False" and has_grad == "True"
+    assert tuple(int(p) for p in torch_version.split("+")[0].split(".")[:2]) >= (2, 6)
+    assert "usage: ppo-train" in logs
