@@ -197,9 +197,10 @@ class Story:
             peering = self.kubectl("get", "kopfpeerings.kopf.dev", "-n", JOB_NAMESPACE, "-o", "json", check=False)
             peers = {key for item in json.loads(peering or '{"items": []}')["items"]
                      for key in (item.get("status") or {})}
-            if len(ready) == 2 and len(peers) == 2:
+            names = [p["metadata"]["name"] for p in ready]
+            if len(ready) == 2 and all(any(name in peer for peer in peers) for name in names):
                 self.say(f"operator: 2 replicas Running on {ready[0]['spec']['nodeName']} "
-                         f"({', '.join(p['metadata']['name'] for p in ready)}), 2 peers in kopf's peering")
+                         f"({', '.join(names)}), both peers in kopf's peering")
                 return ready
             time.sleep(1)
         raise StoryError(f"the operator's two replicas did not become Ready and peer within {timeout}s")

@@ -29,7 +29,7 @@ def test_make_demo_runs_the_readme_story_in_real_pods(local_cluster, tmp_path):
     status, steps = story["status"], [text for _, text in story["timeline"]]
 
     # The operator ran as the chart's Deployment: two replicas in containers, peering.
-    assert any(re.match(r"operator: 2 replicas Running on real-0 .*2 peers", s) for s in steps), steps
+    assert any(re.match(r"operator: 2 replicas Running on real-0 .*both peers", s) for s in steps), steps
     # The job's pods ran in containers on the real node, in a namespace enforcing `restricted`.
     assert "namespace ppo-demo enforces the restricted Pod Security Standard" in steps
     assert any(re.match(r"\d+ pods Running in containers on real-0 ", s) for s in steps), steps
