@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 export PPOJOB_CACHE ?= $(HOME)/.cache/ppojob
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help venv prerequisites test test-unit test-integration test-e2e run run-llm demo bench-scale cluster-binaries images cluster-up cluster-down cluster-env lint clean
+.PHONY: help venv prerequisites test test-unit test-integration test-e2e run run-llm demo bench-scale cluster-binaries images cluster-up cluster-down cluster-env lint clean docs-reference
 
 help:
 	@echo "make demo          the whole story on the local cluster (helm install, kubectl apply, watch it train)"
@@ -80,6 +80,11 @@ test-integration: prerequisites
 
 test-e2e: prerequisites
 	$(PY) -m pytest tests/e2e -m "not gpu"
+
+# The PPOJob reference, generated from the CRD (api/ppojob_api/reference.py); run it after changing
+# crds/ppojobs.ppojob.io.yaml (tests/unit/docs/test_docs_reference.py fails until you do).
+docs-reference: venv
+	$(PY) -m ppojob_api.reference
 
 lint: venv
 	$(VENV)/bin/ruff check api operator trainer tests bench
