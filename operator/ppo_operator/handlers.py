@@ -6,8 +6,9 @@ scheduler's pod groups and the trainers' progress ConfigMaps go into in-memory i
 `Reconciler.reconcile` (at once for a report or the job's own event; a child's burst settles
 first). A loop sleeps until woken or until its next deadline: no polling of the API server.
 
-Each job's loop is an asyncio task of ours (`Jobs`), started by the job's first watch event and
-stopped by its deletion, not a kopf daemon: kopf puts a finalizer on every object that has a
+Each job's loop is an asyncio task of ours (`Jobs`), started by the job's first watch event,
+stopped by its deletion and standing by while kopf's peering pauses this replica (`leadership`),
+not a kopf daemon: kopf puts a finalizer on every object that has a
 daemon, and that finalizer cost three PPOJob writes a job (on; the deletion's timestamp; off) and
 left PPOJobs stuck whenever the operator was gone before them. Nothing needs to block a deletion:
 every child carries the job's owner reference, and the development launcher's leftovers of a
@@ -29,6 +30,7 @@ from ppo_operator.events import Event
 from ppo_operator.gang import GroupResource
 from ppo_operator.job import Job
 from ppo_operator.launchers import Launcher
+from ppo_operator.leadership import Leadership
 from ppo_operator.observed import summarize_pod, summarize_pod_group, summarize_raycluster, summarize_report
 from ppo_operator.reconcile import Children, JobGone, JobMemory, Reconciler, job_key
 from ppojob_api.vocabulary import GROUP, LABEL_JOB_NAME, PLURAL, VERSION, Reason
@@ -58,15 +60,22 @@ class JobLoop:
 
     async def sleep(self, timeout: float | None) -> bool:
         """Until woken, stopped, or timeout seconds (None: no timeout); True if a wake was prompt."""
-        waiters = {asyncio.ensure_future(self.wake.wait()), asyncio.ensure_future(self.stop.wait())}
+        await self._until_stopped_or(self.wake.wait(), timeout)
+        self.wake.clear()
+        prompt, self.prompt = self.prompt, False
+        return prompt
+
+    async def stand_by(self, leadership: Leadership) -> None:
+        """Until this replica serves again (another one of higher priority serves meanwhile), or stopped."""
+        await self._until_stopped_or(leadership.wait_serving(), None)
+
+    async def _until_stopped_or(self, awaitable: Awaitable[Any], timeout: float | None) -> None:
+        waiters = {asyncio.ensure_future(awaitable), asyncio.ensure_future(self.stop.wait())}
         try:
             await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for waiter in waiters:
                 waiter.cancel()
-        self.wake.clear()
-        prompt, self.prompt = self.prompt, False
-        return prompt
 
 
 class Jobs:
@@ -153,6 +162,8 @@ class Runtime:
     launcher: Launcher
     pod_group_resources: tuple[GroupResource, ...]
     jobs: Jobs = dataclasses.field(default_factory=Jobs)
+    leadership: Leadership = dataclasses.field(default_factory=Leadership)
+    """Whether this replica serves (kopf's peering); standalone by default."""
     debounce_s: float = 0.05
     """How long a loop woken by its children waits for the rest of their burst (not for the job's own events)."""
     stop_timeout_s: float = 10.0
@@ -207,6 +218,10 @@ def register(registry: kopf.OperatorRegistry, *, pod_group_resources: Iterable[G
         for resource in pod_group_resources:
             settings.watching.label_selectors[resource.group, resource.plural] = LABEL_JOB_NAME
 
+    @kopf.on.startup(registry=registry, id="follow_peering")
+    async def follow_peering(memo: kopf.Memo, **_: Any) -> None:
+        memo.runtime.leadership.start()
+
     @kopf.on.startup(registry=registry, id="sweep")
     async def sweep(memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
         """Before any watch: what the launcher keeps of jobs deleted while no operator ran goes."""
@@ -216,6 +231,7 @@ def register(registry: kopf.OperatorRegistry, *, pod_group_resources: Iterable[G
     @kopf.on.cleanup(registry=registry, id="stop")
     async def stop(memo: kopf.Memo, **_: Any) -> None:
         await memo.runtime.jobs.stop_all(memo.runtime.stop_timeout_s)
+        await memo.runtime.leadership.stop()
         await memo.runtime.reconciler.kube.close()
 
     @kopf.on.login(registry=registry, id="login")
@@ -276,6 +292,9 @@ async def run_job(runtime: Runtime, loop: JobLoop, key: tuple[str, str], indices
     failures = 0
     try:
         while not loop.stop.is_set():
+            if not runtime.leadership.is_serving():  # kopf paused this replica: its indices stand still
+                await loop.stand_by(runtime.leadership)
+                continue
             try:
                 delay = await runtime.reconciler.reconcile(loop.body, runtime.children(key, indices), memory)
                 failures = 0

@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 import gc
+import getpass
 import hashlib
 import json
 import logging
 import os
+import secrets
 import shlex
 import signal
+import socket
 import sys
 import threading
 from pathlib import Path
@@ -31,6 +35,7 @@ from ppo_operator.gang import backend_for
 from ppo_operator.kube import Kube
 from ppo_operator.launchers.local import LocalLauncher
 from ppo_operator.launchers.ray_jobs import RayJobsLauncher
+from ppo_operator.leadership import Leadership, peering_paths
 from ppo_operator.reconcile import Reconciler
 from ppojob_api.vocabulary import GangScheduler
 
@@ -106,6 +111,14 @@ def peering_priority(explicit: int | None, pod_name: str | None) -> int:
     return 1 + int(hashlib.sha256(pod_name.encode()).hexdigest()[:8], 16) % 1_000_000
 
 
+def peer_identity(pod_name: str | None) -> str:
+    """This process's name in the peering object (kopf's own default has the same shape): unique per
+    start, so a restarted replica never takes its predecessor's entry for its own."""
+    who = pod_name or f"{getpass.getuser()}@{socket.gethostname()}"
+    started = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d%H%M%S")
+    return f"{who}/{started}/{secrets.token_hex(3)}"
+
+
 def tune_gc(full_every_s: float) -> threading.Event | None:
     """Full garbage collections on a timer, not on CPython's own trigger; returns the timer's stop.
 
@@ -155,7 +168,11 @@ def main(argv: list[str] | None = None) -> int:
     resources = tuple(r for s in enabled if (r := backend_for(s).pod_group_resource) is not None)
     registry = kopf.OperatorRegistry()
     handlers.register(registry, pod_group_resources=resources, namespaced=bool(args.namespace))
-    runtime = handlers.Runtime(reconciler=reconciler, launcher=launcher, pod_group_resources=resources)
+    identity, priority = peer_identity(os.environ.get("POD_NAME")), peering_priority(args.priority, os.environ.get("POD_NAME"))
+    leadership = (Leadership(kube, paths=peering_paths(args.peering, args.namespace), identity=identity, priority=priority)
+                  if args.peering else Leadership())
+    runtime = handlers.Runtime(reconciler=reconciler, launcher=launcher, pod_group_resources=resources,
+                               leadership=leadership)
     if args.metrics_port:
         metrics.serve(args.metrics_port, kube.counts)
     gc_timer = tune_gc(args.gc_full_every)
@@ -164,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         kopf.run(
             registry=registry, memo=kopf.Memo(runtime=runtime), standalone=args.peering is None,
-            peering_name=args.peering, priority=peering_priority(args.priority, os.environ.get("POD_NAME")), liveness_endpoint=args.liveness,
+            peering_name=args.peering, priority=priority, identity=identity, liveness_endpoint=args.liveness,
             namespaces=args.namespace, clusterwide=not args.namespace,
         )
     except asyncio.CancelledError:

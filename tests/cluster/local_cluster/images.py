@@ -43,7 +43,11 @@ RECIPE = "1"
 
 # Debian packages the builds need (installed when missing), and a file each ships.
 BUILD_PACKAGES = {"buildah": Path("/usr/bin/buildah"), "mmdebstrap": Path("/usr/bin/mmdebstrap"),
-                  "containerd": Path("/usr/bin/ctr")}
+                  "containerd": Path("/usr/bin/ctr"), "runc": Path("/usr/sbin/runc")}
+# The OCI runtime of RUN steps. Debian's buildah takes crun when it is installed first, and crun
+# refuses these machines' hybrid cgroups (v1, plus a v2 hierarchy holding hugetlb): runc, which
+# the real node's containerd uses too, runs them.
+BUILD_RUNTIME = "runc"
 
 
 class ImagesError(RuntimeError):
@@ -157,7 +161,8 @@ def bud_command(
     image: DockerfileImage, *, buildah: Buildah, volumes: tuple[str, ...], context: Path = REPO
 ) -> list[str]:
     """buildah bud with the layer cache, no pulls (the base is local) and the host's network (pip, apt)."""
-    args = ["bud", "--layers", "--pull=never", "--network", "host", "-f", str(context / image.dockerfile)]
+    args = ["bud", "--layers", "--pull=never", "--network", "host", "--runtime", BUILD_RUNTIME,
+            "-f", str(context / image.dockerfile)]
     args += ["-t", image.name]
     for key, value in image.build_args:
         args += ["--build-arg", f"{key}={value}"]

@@ -54,6 +54,8 @@ def test_trainer_cpu_build_is_the_trainer_dockerfile_on_the_debian_base_without_
         "--pull=never",
         "--network",
         "host",
+        "--runtime",
+        "runc",  # crun refuses these machines' hybrid cgroups
         "-f",
         "/repo/images/trainer/Dockerfile",
         "-t",
