@@ -2,12 +2,15 @@
 
 `ProgressTracker` holds the current `Progress` snapshot and updates it as the loop moves on: each
 stage change first collects the roles' offload transitions (reported one by one as events) and
-their residencies, then reports the snapshot. `poll` is a function, so the tracker needs no Ray
+their residencies, then reports the snapshot. Each step's time is the wall time since the one
+before finished (so a checkpoint counts in the step it follows), and the steps left are priced
+from those (`estimate_remaining_seconds`). `poll` is a function, so the tracker needs no Ray
 (the loop passes `Roles.poll`). Depends on reporting, metrics and the API vocabulary.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -15,6 +18,7 @@ from ppo_trainer.checkpoint import TrainerState
 from ppo_trainer.metrics import StepMetrics
 from ppo_trainer.offload import Transition
 from ppo_trainer.reporting import CheckpointInfo, Progress, Reporter, utc_now
+from ppojob_api.progress import estimate_remaining_seconds
 from ppojob_api.vocabulary import RolloutResidency, Stage, TrainResidency
 
 Poll = Callable[[], tuple[list[Transition], dict[str, str]]]
@@ -22,9 +26,14 @@ Poll = Callable[[], tuple[list[Transition], dict[str, str]]]
 
 class ProgressTracker:
     def __init__(self, *, reporter: Reporter, poll: Poll, total_steps: int, critic_only_steps: int,
-                 with_critic: bool, state: TrainerState, attempt: int) -> None:
+                 with_critic: bool, state: TrainerState, attempt: int,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.reporter = reporter
         self.poll = poll
+        self.clock = clock
+        self.step_seconds: list[tuple[bool, float]] = []
+        """This process's steps as (critic_only, wall seconds), for the estimate."""
+        self._last_step_end = clock()
         self.progress = Progress(
             total_steps=total_steps,
             critic_only_steps=critic_only_steps,
@@ -55,9 +64,16 @@ class ProgressTracker:
 
     def step_done(self, metrics: StepMetrics, *, state: TrainerState) -> None:
         self.reporter.event("step", line=metrics.summary_line(self.progress.total_steps), **metrics.to_dict())
+        now = self.clock()
+        self.step_seconds.append((metrics.critic_only, now - self._last_step_end))
+        self._last_step_end = now
+        critic_only_left = max(0, self.progress.critic_only_steps - state.critic_only_steps_done)
+        remaining = estimate_remaining_seconds(
+            self.step_seconds, critic_only_left=critic_only_left,
+            ppo_left=max(0, self.progress.total_steps - state.step - critic_only_left))
         self._update(step=state.step, critic_only_steps_done=state.critic_only_steps_done,
                      weight_syncs_skipped=state.weight_syncs_skipped, metrics=metrics.to_status(),
-                     **self._residencies())
+                     estimated_remaining_seconds=remaining, **self._residencies())
 
     def checkpoint(self, *, step: int, path: str, seconds: float) -> None:
         self.reporter.event("checkpoint", step=step, path=path, seconds=round(seconds, 3),

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field, is_dataclass
 from datetime import UTC, datetime
 from typing import IO, Any, Protocol
 
+from ppojob_api.progress import format_duration, percent_done
 from ppojob_api.vocabulary import RolloutResidency, Stage, TrainResidency
 
 
@@ -49,10 +50,17 @@ class Progress:
     metrics: dict[str, float] = field(default_factory=dict)
     finished: bool = False
     error: str | None = None
+    estimated_remaining_seconds: float | None = None
+    """How long the steps left should take (`ppojob_api.progress.estimate_remaining_seconds`); None
+    until a step past this process's first has been measured."""
 
     @property
     def steps(self) -> str:
         return f"{self.step}/{self.total_steps}"
+
+    @property
+    def percent(self) -> int:
+        return percent_done(self.step, self.total_steps)
 
     @property
     def warmup(self) -> str:
@@ -76,6 +84,7 @@ class Progress:
             "criticOnlyStepsDone": self.critic_only_steps_done,
             "criticOnlySteps": self.critic_only_steps,
             "steps": self.steps,
+            "percent": self.percent,
             "warmup": self.warmup,
             "stage": self.stage.value,
             "actor": self.actor.value,
@@ -86,6 +95,9 @@ class Progress:
         }
         if self.critic is not None:
             status["critic"] = self.critic.value
+        if self.estimated_remaining_seconds is not None:
+            status["estimatedRemainingSeconds"] = round(self.estimated_remaining_seconds)
+            status["eta"] = format_duration(self.estimated_remaining_seconds)
         if self.last_checkpoint is not None:
             status["lastCheckpoint"] = asdict(self.last_checkpoint)
         if self.metrics:

@@ -5,6 +5,9 @@ from __future__ import annotations
 import io
 import json
 from dataclasses import replace
+from pathlib import Path
+
+import yaml
 
 from ppo_trainer.reporting import CheckpointInfo, JsonLinesReporter, Progress
 from ppo_trainer.reporting_k8s import KubernetesReporter, Throttle, progress_patch
@@ -41,13 +44,26 @@ def test_reporting_patch_body_matches_crd_progress():
     assert list(body) == ["data"] and list(body["data"]) == ["progress"]
     assert reported(body) == {
         "attempt": 1, "step": 3, "totalSteps": 10, "criticOnlyStepsDone": 2, "criticOnlySteps": 2,
-        "steps": "3/10", "warmup": "2/2", "stage": "CriticTrain", "actor": "Offloaded", "critic": "OnDevice",
+        "steps": "3/10", "percent": 30, "warmup": "2/2", "stage": "CriticTrain", "actor": "Offloaded", "critic": "OnDevice",
         "rollout": "Asleep", "offload": "actor=Offloaded critic=OnDevice rollout=Asleep",
         "weightSyncsSkipped": 2, "finished": False, "metrics": {"rewardMean": 0.5},
         "lastCheckpoint": {"step": 2, "path": "/c/step-2", "time": "t"},
         "heartbeatTime": "2026-01-01T00:00:00Z",
     }
     assert "error" not in reported(body)  # the whole value is replaced: an older attempt's error is gone
+    assert "eta" not in reported(body)  # no estimate yet
+
+
+def test_reporting_progress_fields_are_the_crds():
+    crd = yaml.safe_load((Path(__file__).resolve().parents[3] / "crds" / "ppojobs.ppojob.io.yaml").read_text())
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["progress"]
+    p = progress(metrics={"rewardMean": 0.5}, last_checkpoint=CheckpointInfo(step=2, path="/c", time="t"),
+                 error="boom", estimated_remaining_seconds=200.4)
+    status = progress_patch(p, now="2026-01-01T00:00:00Z")
+    fields = reported(status)
+    assert (fields["estimatedRemainingSeconds"], fields["eta"], fields["percent"]) == (200, "3m20s", 30)
+    assert set(fields) <= set(schema["properties"]), set(fields) - set(schema["properties"])
+    assert "eta" in {c["jsonPath"].rsplit(".", 1)[1] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]}
 
 
 def test_reporting_throttles_but_flushes_what_matters():
