@@ -17,6 +17,10 @@ from ppojob_api.vocabulary import ConditionType, Phase, Reason
 
 NORMAL, WARNING = "Normal", "Warning"
 
+REPORTING_COMPONENT = "ppojob-operator"
+"""Who posts the Events: their `reportingComponent` and `source.component` (`kubectl describe`'s
+From column; kopf's default says "kopf"), and the start of their names."""
+
 WARNING_REASONS = {
     Reason.INVALID_SPEC, Reason.GANG_TIMEOUT, Reason.POD_LOST, Reason.TRAINER_LOST, Reason.TRAINER_FAILED,
     Reason.BACKOFF_LIMIT_EXCEEDED, Reason.DEADLINE_EXCEEDED, Reason.RECONCILE_ERROR, Reason.REPORT_REFUSED,

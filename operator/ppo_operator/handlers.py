@@ -26,6 +26,7 @@ from typing import Any
 
 import kopf
 
+from ppo_operator import metrics
 from ppo_operator.events import Event
 from ppo_operator.gang import GroupResource
 from ppo_operator.job import Job
@@ -296,7 +297,8 @@ async def run_job(runtime: Runtime, loop: JobLoop, key: tuple[str, str], indices
                 await loop.stand_by(runtime.leadership)
                 continue
             try:
-                delay = await runtime.reconciler.reconcile(loop.body, runtime.children(key, indices), memory)
+                with metrics.RECONCILE_SECONDS.time():
+                    delay = await runtime.reconciler.reconcile(loop.body, runtime.children(key, indices), memory)
                 failures = 0
             except JobGone:  # deleted while its deletion went unseen (a watch gap)
                 loop.deleted = True

@@ -31,7 +31,9 @@ import kopf
 from ppo_operator import handlers, metrics
 from ppo_operator.builders.common import BuildOptions
 from ppo_operator.decisions import Policy
+from ppo_operator.events import REPORTING_COMPONENT, Event
 from ppo_operator.gang import backend_for
+from ppo_operator.job import Job
 from ppo_operator.kube import Kube
 from ppo_operator.launchers.local import LocalLauncher
 from ppo_operator.launchers.ray_jobs import RayJobsLauncher
@@ -71,7 +73,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="connections of their own for status writes, so they never queue behind creates and deletes")
     p.add_argument("--gc-full-every", type=float, default=300.0, metavar="SECONDS",
                    help="run CPython's full garbage collection on this timer instead of its own trigger (0: CPython's default)")
-    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics of the operator's API requests on this port")
+    p.add_argument("--metrics-port", type=int, help="serve the operator's Prometheus metrics on this port (/metrics)")
     p.add_argument("--stats-file", type=Path, help="write the operator's API request counts (JSON) here on exit and on SIGUSR1")
     p.add_argument("--debug-pause-after-pod-group", type=float, default=0.0, help=argparse.SUPPRESS)
     p.add_argument("--verbose", "-v", action="store_true")
@@ -119,6 +121,21 @@ def peer_identity(pod_name: str | None) -> str:
     return f"{who}/{started}/{secrets.token_hex(3)}"
 
 
+def build_settings(pod_name: str | None) -> kopf.OperatorSettings:
+    """kopf's settings that must hold from the start: the Events name this operator, and this
+    replica (its pod), as the component and instance that report them."""
+    settings = kopf.OperatorSettings()
+    settings.posting.reporting_component = REPORTING_COMPONENT
+    settings.posting.reporting_instance = pod_name or socket.gethostname()
+    settings.posting.event_name_prefix = f"{REPORTING_COMPONENT}-"
+    return settings
+
+
+def post_event(job: Job, event: Event) -> None:
+    metrics.count_event(event)
+    handlers.post_event(job, event)
+
+
 def tune_gc(full_every_s: float) -> threading.Event | None:
     """Full garbage collections on a timer, not on CPython's own trigger; returns the timer's stop.
 
@@ -164,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         launcher = RayJobsLauncher(kube=kube, options=options)
     reconciler = Reconciler(kube=kube, launcher=launcher, policy=policy, options=options,
-                            post_event=handlers.post_event, pause_after_pod_group_s=args.debug_pause_after_pod_group)
+                            post_event=post_event, pause_after_pod_group_s=args.debug_pause_after_pod_group)
     resources = tuple(r for s in enabled if (r := backend_for(s).pod_group_resource) is not None)
     registry = kopf.OperatorRegistry()
     handlers.register(registry, pod_group_resources=resources, namespaced=bool(args.namespace))
@@ -174,13 +191,17 @@ def main(argv: list[str] | None = None) -> int:
     runtime = handlers.Runtime(reconciler=reconciler, launcher=launcher, pod_group_resources=resources,
                                leadership=leadership)
     if args.metrics_port:
-        metrics.serve(args.metrics_port, kube.counts)
+        phases = metrics.JobPhases()
+        metrics.register(registry, phases)
+        metrics.count_watch_restarts(shown_level=logging.getLogger().getEffectiveLevel())
+        metrics.serve(args.metrics_port, metrics.build_registry(api_counts=kube.counts, phases=phases))
     gc_timer = tune_gc(args.gc_full_every)
     if args.stats_file and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGUSR1, lambda *_: write_stats(args.stats_file, kube))
     try:
         kopf.run(
-            registry=registry, memo=kopf.Memo(runtime=runtime), standalone=args.peering is None,
+            registry=registry, settings=build_settings(os.environ.get("POD_NAME")), memo=kopf.Memo(runtime=runtime),
+            standalone=args.peering is None,
             peering_name=args.peering, priority=priority, identity=identity, liveness_endpoint=args.liveness,
             namespaces=args.namespace, clusterwide=not args.namespace,
         )

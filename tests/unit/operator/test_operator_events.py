@@ -2,7 +2,21 @@
 
 from __future__ import annotations
 
-from ppo_operator.events import Event, compute_events, compute_progress_events, compute_refused_status_event
+import asyncio
+import logging
+
+from kopf._cogs.clients import api
+from kopf._cogs.clients import events as kopf_events
+from kopf._cogs.structs.references import Resource
+
+from ppo_operator.events import (
+    REPORTING_COMPONENT,
+    Event,
+    compute_events,
+    compute_progress_events,
+    compute_refused_status_event,
+)
+from ppo_operator.main import build_settings
 
 
 def test_phase_change_and_gang_scheduled_become_events_in_story_order():
@@ -51,3 +65,25 @@ def test_a_refused_status_of_a_spec_the_operator_accepts_is_still_an_invalid_spe
     event = compute_refused_status_event({"phase": "Pending", "reason": "Created", "message": "creating"}, "not json")
     assert (event.type, event.reason) == ("Warning", "InvalidSpec")
     assert event.message == "the API server refuses to store this job's status (not json); fix or recreate the object"
+
+
+def test_events_are_reported_by_the_operator_not_kopf(monkeypatch):
+    """The body kopf's own event poster sends with the operator's settings (its transport captured)."""
+    sent: list[dict] = []
+
+    async def post(*, url, payload, **_):
+        sent.append({"url": url, **payload})
+
+    monkeypatch.setattr(api, "post", post)
+    ref = {"apiVersion": "ppojob.io/v1alpha1", "kind": "PPOJob", "name": "tiny", "namespace": "team-a", "uid": "u1"}
+    asyncio.run(kopf_events.post_event(
+        ref=ref, type="Normal", reason="Created", message="created RayCluster tiny-a0",
+        resource=Resource("", "v1", "events", namespaced=True), settings=build_settings("ppojob-operator-7d9f-abcde"),
+        logger=logging.getLogger("test")))
+    (body,) = sent
+    assert REPORTING_COMPONENT == "ppojob-operator"
+    assert body["source"] == {"component": "ppojob-operator"}  # kubectl describe's From column
+    assert body["reportingComponent"] == "ppojob-operator"
+    assert body["reportingInstance"] == "ppojob-operator-7d9f-abcde"
+    assert body["metadata"]["generateName"].startswith("ppojob-operator-")
+    assert "/namespaces/team-a/events" in body["url"]
