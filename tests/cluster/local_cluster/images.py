@@ -117,7 +117,7 @@ def dockerfile_images(base: DebianBase = BOOKWORM) -> tuple[DockerfileImage, ...
         DockerfileImage(
             TRAINER_CPU_IMAGE,
             "images/trainer/Dockerfile",
-            (("BASE_IMAGE", base.image), ("PYTHON", base.python), ("EXTRAS", "trainer")),
+            (("BASE_IMAGE", base.image), ("PYTHON", base.python), ("EXTRAS", "trainer"), ("DROP_PACKAGES", "triton")),
         ),
     )
 

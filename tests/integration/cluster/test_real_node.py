@@ -162,7 +162,8 @@ def test_trainer_image_has_ray_on_a_login_shells_path_and_trains_torch_on_cpu(lo
     # KubeRay starts Ray with `/bin/bash -lc -- ... ray start ...`: a login shell, which resets PATH.
     code = ("import torch, ray, transformers, ppo_trainer.cli; m = torch.nn.Linear(8, 1); "
             "m(torch.randn(4, 8)).pow(2).mean().backward(); "
-            "print('versions', torch.__version__, ray.__version__, torch.cuda.is_available(), m.weight.grad is not None)")
+            "import importlib.util; dropped = importlib.util.find_spec('triton') is None; "
+            "print('versions', torch.__version__, ray.__version__, torch.cuda.is_available(), m.weight.grad is not None, dropped)")
     pod = json.loads(python_pod("trainer", ""))
     container = pod["spec"]["containers"][0]
     container["image"] = images.TRAINER_CPU_IMAGE
@@ -173,7 +174,8 @@ def test_trainer_image_has_ray_on_a_login_shells_path_and_trains_torch_on_cpu(lo
     assert done["status"]["phase"] == "Succeeded", logs
     lines = logs.splitlines()
     assert lines[0] == "1000" and "2.60.0" in lines[1], logs
-    _, torch_version, ray_version, cuda, has_grad = next(line for line in lines if line.startswith("versions")).split()
+    _, torch_version, ray_version, cuda, has_grad, dropped = next(line for line in lines if line.startswith("versions")).split()
     assert ray_version == "2.60.0" and cuda == "False" and has_grad == "True"
+    assert dropped == "True", "the CPU image still carries triton (DROP_PACKAGES)"
     assert tuple(int(p) for p in torch_version.split("+")[0].split(".")[:2]) >= (2, 6)
     assert "usage: ppo-train" in logs

@@ -46,6 +46,7 @@ def test_trainer_cpu_build_is_the_trainer_dockerfile_on_the_debian_base_without_
         "BASE_IMAGE": images.BOOKWORM.image,
         "PYTHON": "python3.11",
         "EXTRAS": "trainer",
+        "DROP_PACKAGES": "triton",
     }
     volumes = ("/host/ca.crt:/etc/ssl/certs/ca-certificates.crt:ro",)
     assert images.bud_command(trainer, buildah=BUILDAH, volumes=volumes, context=Path("/repo")) == BUILDAH.command(
@@ -66,6 +67,8 @@ def test_trainer_cpu_build_is_the_trainer_dockerfile_on_the_debian_base_without_
         "PYTHON=python3.11",
         "--build-arg",
         "EXTRAS=trainer",
+        "--build-arg",
+        "DROP_PACKAGES=triton",
         "--volume",
         volumes[0],
         "/repo",
