@@ -107,13 +107,15 @@ def start_ray(address: str | None, *, num_cpus: int, object_store_mb: int) -> No
 def build_reporter(*, run_dir: Path, total_steps: int, initial: int, as_json: bool):
     from ppo_trainer.reporting import FanOut, JsonLinesReporter, TerminalReporter
     from ppo_trainer.reporting_k8s import KubernetesReporter
+    from ppo_trainer.tensorboard_writer import TensorBoardReporter
 
     console = (
         TerminalReporter(total_steps=total_steps, initial=initial)
         if sys.stdout.isatty() and not as_json
         else JsonLinesReporter(sys.stdout)
     )
-    reporters = [console, JsonLinesReporter(open(run_dir / "events.jsonl", "a"))]  # noqa: SIM115 (closed by the reporter)
+    reporters = [console, JsonLinesReporter(open(run_dir / "events.jsonl", "a")),  # noqa: SIM115 (closed by the reporter)
+                 TensorBoardReporter(run_dir)]
     kubernetes = KubernetesReporter.from_environment()
     if kubernetes is not None:
         reporters.append(kubernetes)
@@ -124,7 +126,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="ppo-train", description=__doc__.split("\n\n")[0])
     parser.add_argument("config", help="a PPOJob manifest or its spec (YAML)")
     parser.add_argument("--address", help="join this Ray cluster instead of starting a local one")
-    parser.add_argument("--run-dir", help="where logs, the plot and (locally) checkpoints go; default runs/<name>")
+    parser.add_argument("--run-dir", help="where logs, TensorBoard event files, the plot and (locally) checkpoints go; default runs/<name>")
     parser.add_argument("--critic-config", help="YAML of critic overrides merged into spec.critic")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint, if any")
     parser.add_argument("--json", action="store_true", help="JSON lines on stdout even on a terminal")

@@ -1,8 +1,9 @@
 """Per-step metrics of a run, the time each stage takes, and a PNG plot of the run.
 
 `StepMetrics` is one step's record (reward, losses, KL, clip fractions, entropy, the rollout and
-training log-prob mismatch, stage times, tokens/s); `StageTimer` measures the stages; `plot_run` draws the reward and loss curves with
-matplotlib's Agg backend (no display needed). Depends on the standard library and matplotlib
+training log-prob mismatch, stage times, tokens/s), and its TensorBoard scalars (`scalars`, written
+by `tensorboard_writer`); `StageTimer` measures the stages; `plot_run` draws the reward and loss
+curves with matplotlib's Agg backend (no display needed). Depends on the standard library and matplotlib
 (imported inside `plot_run`), not on torch or Ray.
 """
 
@@ -51,6 +52,26 @@ class StepMetrics:
     @classmethod
     def from_dict(cls, data: dict) -> StepMetrics:
         return cls(**{k: v for k, v in data.items() if k != "tokens_per_second"})
+
+    def scalars(self) -> dict[str, float]:
+        """The step's TensorBoard scalars by tag (grouped by the tag's first part); unset ones left out."""
+        fields = {
+            "reward/mean": self.reward_mean,
+            "loss/value": self.value_loss,
+            "loss/policy": self.policy_loss,
+            "kl/reference": self.kl,
+            "clipfrac/policy": self.clipfrac,
+            "clipfrac/value": self.value_clipfrac,
+            "policy/entropy": self.entropy,
+            "rollout_mismatch/log_ratio_mean": self.rollout_log_ratio_mean,
+            "rollout_mismatch/log_ratio_abs_max": self.rollout_log_ratio_abs_max,
+            "rollout_mismatch/k3": self.rollout_k3,
+            "throughput/tokens_per_second": self.tokens_per_second,
+            "time/step_seconds": self.seconds,
+            "warmup/critic_only": float(self.critic_only),
+            **{f"time/{stage}_seconds": seconds for stage, seconds in self.stage_seconds.items()},
+        }
+        return {tag: float(v) for tag, v in fields.items() if v is not None}
 
     def to_status(self) -> dict[str, float]:
         """The `status.progress.metrics` fields of the PPOJob (camelCase; unset ones left out)."""
