@@ -15,6 +15,7 @@ Depends on pydantic and the standard library only (the operator image has no tor
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import pydantic
@@ -53,10 +54,21 @@ class Parallelism(_Model):
     """Tensor-parallel size."""
     pipeline: int = Field(1, ge=1)
     """Pipeline-parallel size."""
+    data: int | None = Field(None, ge=1)
+    """Data-parallel size; by default as many as the training GPUs (or CPU ranks) hold."""
 
     @property
     def model_parallel_size(self) -> int:
         return self.tensor * self.pipeline
+
+
+class CriticParallelism(_Model):
+    tensor: int | None = Field(None, ge=1)
+    """Defaults to actor.parallelism.tensor."""
+    pipeline: int | None = Field(None, ge=1)
+    """Defaults to actor.parallelism.pipeline."""
+    data: int | None = Field(None, ge=1)
+    """Defaults to actor.parallelism.data."""
 
 
 class ModelSpec(_Model):
@@ -79,14 +91,23 @@ class ActorSpec(_Model):
 
 class CriticSpec(_Model):
     enabled: bool = True
+    model: str | None = None
+    """The critic's own model (another size or architecture, the actor's tokenizer); defaults to model.path."""
     learning_rate: float | None = Field(None, gt=0)
     """Defaults to the actor's learning rate."""
+    backend: TrainBackend | None = None
+    """Defaults to actor.backend."""
+    micro_batch_size: int | None = Field(None, ge=1)
+    """Defaults to actor.microBatchSize."""
+    max_grad_norm: float | None = Field(None, ge=0)
+    """Defaults to actor.maxGradNorm."""
     load: str | None = None
-    """Critic checkpoint to start from; by default the critic starts from the actor's weights."""
+    """A critic checkpoint of ours to start from (a step directory, or a folder of them: the latest)."""
     save: str | None = None
+    """A folder the critic's checkpoints are written to as well, one step directory each."""
     updates_per_actor_update: int = Field(1, ge=1, le=16)
     """K critic optimisation passes per actor update."""
-    parallelism: Parallelism = Parallelism()
+    parallelism: CriticParallelism = CriticParallelism()
 
 
 class RolloutSpec(_Model):
@@ -211,10 +232,58 @@ class PPOJobSpec(_Model):
     def critic_learning_rate(self) -> float:
         return self.critic.learning_rate or self.actor.learning_rate
 
+    def training_role(self, role: str) -> TrainingRole:
+        """The settings of a training role ("actor", "critic" or "ref"), the critic's unset fields
+        taken from the actor (the reference policy is the actor's initial model)."""
+        actor = self.actor
+        if role != "critic":
+            parallel = actor.parallelism
+            return TrainingRole(
+                field="actor", model=self.model, backend=actor.backend, learning_rate=actor.learning_rate,
+                micro_batch_size=actor.micro_batch_size, max_grad_norm=actor.max_grad_norm,
+                tensor=parallel.tensor, pipeline=parallel.pipeline, data=parallel.data,
+            )
+        critic, parallel = self.critic, self.critic.parallelism
+        model = self.model if critic.model is None else ModelSpec(path=critic.model, dtype=self.model.dtype)
+
+        def unset(value, default):
+            return default if value is None else value
+
+        return TrainingRole(
+            field="critic", model=model, backend=unset(critic.backend, actor.backend),
+            learning_rate=self.critic_learning_rate,
+            micro_batch_size=unset(critic.micro_batch_size, actor.micro_batch_size),
+            max_grad_norm=unset(critic.max_grad_norm, actor.max_grad_norm),
+            tensor=unset(parallel.tensor, actor.parallelism.tensor),
+            pipeline=unset(parallel.pipeline, actor.parallelism.pipeline),
+            data=unset(parallel.data, actor.parallelism.data),
+        )
+
     @property
     def train_offload(self) -> bool:
         """With a critic, actor and critic take turns on the same devices, so they must offload."""
         return self.offload.train or self.critic.enabled
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingRole:
+    """One training role's settings, defaults applied: what its backend and layout are built from."""
+
+    field: str
+    """The spec section that sets them ("actor" or "critic"), for error messages."""
+    model: ModelSpec
+    backend: TrainBackend
+    learning_rate: float
+    micro_batch_size: int
+    max_grad_norm: float
+    tensor: int
+    pipeline: int
+    data: int | None
+    """None: as many data-parallel ranks as the training devices hold."""
+
+    @property
+    def model_parallel_size(self) -> int:
+        return self.tensor * self.pipeline
 
 
 # Keys of the seed framework (or of earlier drafts) that users will write, and what replaced them.
@@ -328,11 +397,6 @@ def check_semantics(spec: PPOJobSpec) -> list[str]:
             "placement Colocate runs the rollout engines on the training GPUs: set rollout.gpus to 0,"
             " or use placement Disaggregated"
         )
-    if spec.critic.enabled and spec.critic.parallelism != spec.actor.parallelism:
-        problems.append(
-            "critic.parallelism must equal actor.parallelism for now (actor and critic share one placement"
-            " group and hand values rank to rank): copy actor.parallelism into critic.parallelism"
-        )
     if spec.reward.type == RewardType.CUSTOM and not spec.reward.function:
         problems.append("reward.type Custom needs reward.function, a 'module:function' reference")
     model_parallel = spec.actor.parallelism.model_parallel_size
@@ -341,12 +405,32 @@ def check_semantics(spec: PPOJobSpec) -> list[str]:
             "resources.nodes * resources.gpusPerNode must be a multiple of actor.parallelism.tensor *"
             " actor.parallelism.pipeline: adjust the GPU count or the parallel sizes"
         )
+    critic = spec.training_role("critic")
+    if spec.critic.enabled and spec.resources.gpus_per_node and spec.resources.total_gpus % critic.model_parallel_size:
+        problems.append(
+            "resources.nodes * resources.gpusPerNode must be a multiple of critic.parallelism.tensor *"
+            " critic.parallelism.pipeline (each defaults to the actor's): adjust the GPU count or the parallel sizes"
+        )
+    if spec.resources.gpus_per_node:
+        training_gpus = spec.resources.total_gpus - (spec.rollout.gpus if spec.placement == Placement.DISAGGREGATED else 0)
+        roles = [spec.training_role("actor")] + ([critic] if spec.critic.enabled else [])
+        for role in roles:
+            if role.data is not None and role.data * role.model_parallel_size > training_gpus:
+                problems.append(layout_does_not_fit(role.field))
     if ppo.clip_eps_high is not None and ppo.clip_eps_high < ppo.clip_eps:
         problems.append(
             "ppo.clipEpsHigh must be at least ppo.clipEps (it widens the upper clip bound); remove it to use"
             " clipEps on both sides"
         )
     return problems
+
+
+def layout_does_not_fit(field: str) -> str:
+    return (
+        f"{field}.parallelism.data * tensor * pipeline ranks do not fit the training GPUs (resources.nodes *"
+        f" resources.gpusPerNode, less rollout.gpus when Disaggregated): lower {field}.parallelism.data, or leave"
+        " it unset to use every training GPU"
+    )
 
 
 def spec_from_manifest(manifest: dict[str, Any]) -> PPOJobSpec:

@@ -4,9 +4,10 @@
 engines sleep afterwards when rollout offload is on), computes the actor's and the reference's
 log-probs once (and how far the actor's are from the engine's), trains the critic K times and
 gets its output back as ObjectRefs, and, unless the step is a critic-only warm-up step, trains
-the actor on those refs (`external_data`; the driver never fetches them) and sends the new
-weights to the engines. In warm-up steps the actor did not
-change, so the sync is skipped and counted. `run` wires a run together (prompts, roles, resume).
+the actor on those refs (each actor rank gets the critic ranks' refs that hold its samples,
+`Roles.values_for_actor`; the driver never fetches them) and sends the new weights to the
+engines. In warm-up steps the actor did not change, so the sync is skipped and counted. `run`
+wires a run together (prompts, roles, resume); `critic.save` gets the critic's checkpoints too.
 """
 
 from __future__ import annotations
@@ -21,7 +22,11 @@ from ppo_trainer.data import PromptSampler, load_jsonl_prompts, synthetic_prompt
 from ppo_trainer.metrics import StageTimer, StepMetrics
 from ppo_trainer.progress import ProgressTracker
 from ppo_trainer.reporting import Reporter
+from ppo_trainer.roles.actor import ActorWorker
 from ppo_trainer.roles.build import Roles, build_roles, compute_layout
+from ppo_trainer.roles.critic import CriticWorker
+from ppo_trainer.roles.ref import RefWorker
+from ppo_trainer.roles.rollout import RolloutWorker
 from ppojob_api.spec import PPOJobSpec
 from ppojob_api.vocabulary import Stage
 
@@ -37,30 +42,30 @@ def train(spec: PPOJobSpec, *, roles: Roles, sampler: PromptSampler, state: Trai
         status.stage(Stage.GENERATE, state=state)
         with timer("generate"):
             batch, rollout_stats = roles.rollout.async_call(  # each engine its share of the prompts
-                "generate", roles.rollout.split(sampler.next_batch()),
+                RolloutWorker.generate, roles.rollout.split(sampler.next_batch()),
                 seed=roles.rollout.seeds(spec.seed * 1_000_003 + step), num_returns=2)
             rollout_stats = ray.get(rollout_stats)
             if spec.offload.rollout:
-                roles.rollout.call("sleep")
+                roles.rollout.call(RolloutWorker.sleep)
         with timer("log_probs"):  # once per step, for both critic and actor: one reward definition
-            old_log_probs, mismatch = roles.actor.async_call("log_probs_and_mismatch", *batch, num_returns=2)
+            old_log_probs, mismatch = roles.actor.async_call(ActorWorker.log_probs_and_mismatch, *batch, num_returns=2)
             ray.wait(old_log_probs, num_returns=len(old_log_probs))  # one role on the device at a time
-            ref_log_probs = roles.ref.async_call("log_probs", *batch)
+            ref_log_probs = roles.ref.async_call(RefWorker.log_probs, *batch)
             ray.wait(ref_log_probs, num_returns=len(ref_log_probs))
         values = critic_stats = actor_stats = None
         if roles.critic is not None:
             status.stage(Stage.CRITIC_TRAIN, state=state)
             with timer("critic_train"):
-                values, critic_stats = roles.critic.async_train(
-                    *batch, old_log_probs=old_log_probs, ref_log_probs=ref_log_probs,
-                    updates=critic_updates, num_returns=2)
+                values, critic_stats = roles.critic.async_call(  # each critic rank its samples' log-probs
+                    CriticWorker.train, *batch, spread=roles.log_probs_for_critic(old_log_probs, ref_log_probs),
+                    actor_data_size=roles.layout.actor.data, updates=critic_updates, num_returns=2)
                 critic_stats = ray.get(critic_stats)  # metrics only: the values stay refs
         if not critic_only:
             status.stage(Stage.ACTOR_TRAIN, state=state)
             with timer("actor_train"):
-                actor_stats = ray.get(roles.actor.async_train(  # awake until the sync is done with it
-                    *batch, old_log_probs=old_log_probs, ref_log_probs=ref_log_probs, external_data=values,
-                    stay_awake=True))
+                actor_stats = ray.get(roles.actor.async_call(  # awake until the sync is done with it
+                    ActorWorker.train, *batch, old_log_probs=old_log_probs, ref_log_probs=ref_log_probs,
+                    spread=roles.values_for_actor(values) if values is not None else None, stay_awake=True))
             status.stage(Stage.WEIGHT_SYNC, state=state)
             with timer("weight_sync"):
                 roles.sync_weights()
@@ -74,6 +79,9 @@ def train(spec: PPOJobSpec, *, roles: Roles, sampler: PromptSampler, state: Trai
         if checkpoints is not None and should_checkpoint(spec, state.step):
             status.stage(Stage.CHECKPOINT, state=state)
             save_checkpoint(roles, checkpoints, state, sampler, status)
+        if should_save_critic(spec, state.step):
+            status.stage(Stage.CHECKPOINT, state=state)
+            save_critic(roles, CheckpointManager(spec.critic.save, keep=spec.checkpoint.keep), state)
     status.finish()
     return state
 
@@ -103,6 +111,23 @@ def should_checkpoint(spec: PPOJobSpec, steps_done: int) -> bool:
     return interval > 0 and (steps_done % interval == 0 or steps_done == spec.ppo.num_rollouts)
 
 
+def should_save_critic(spec: PPOJobSpec, steps_done: int) -> bool:
+    """critic.save: at every checkpoint, and after the last step even when checkpoints are off."""
+    return bool(spec.critic.enabled and spec.critic.save) and (
+        should_checkpoint(spec, steps_done) or steps_done == spec.ppo.num_rollouts)
+
+
+def save_critic(roles: Roles, checkpoints: CheckpointManager, state: TrainerState) -> None:
+    """The critic's ranks into a step directory of critic.save (atomic, as the run's checkpoints)."""
+    temp = checkpoints.begin(state.step)
+    try:
+        roles.critic.call(CriticWorker.save, str(temp))
+        checkpoints.commit(temp, state)
+    except BaseException:
+        checkpoints.abort(temp)
+        raise
+
+
 def save_checkpoint(roles: Roles, checkpoints: CheckpointManager, state: TrainerState,
                     sampler: PromptSampler, status: ProgressTracker) -> None:
     started = time.perf_counter()
@@ -119,7 +144,7 @@ def save_checkpoint(roles: Roles, checkpoints: CheckpointManager, state: Trainer
 
 def save_roles(roles: Roles, directory) -> None:
     trained = [g for g in (roles.actor, roles.critic) if g is not None]
-    ray.get([ref for g in trained for ref in g.async_call("save", str(directory))])
+    ray.get([ref for g in trained for ref in g.async_call(g.worker_class.save, str(directory))])
 
 
 def load_prompts(spec: PPOJobSpec):
@@ -168,4 +193,4 @@ def run_on(roles: Roles, spec: PPOJobSpec, *, reporter: Reporter, checkpoint_dir
 def restore_roles(roles: Roles, directory) -> None:
     """Load the actor's and critic's state (model, optimizer, RNG) from a checkpoint directory."""
     trained = [g for g in (roles.actor, roles.critic) if g is not None]
-    ray.get([ref for g in trained for ref in g.async_call("load", str(directory))])
+    ray.get([ref for g in trained for ref in g.async_call(g.worker_class.load, str(directory))])

@@ -73,6 +73,6 @@ def roles(shared_roles):
     roles, initial = shared_roles
     restore_roles(roles, initial)
     roles.sync_weights()
-    roles.rollout.call("wake")
+    roles.rollout.call(roles.rollout.worker_class.wake)
     roles.poll()  # forget the transitions of the reset
     return roles

@@ -41,8 +41,8 @@ def train_single_rank(spec, parts, directory) -> None:
     actor, critic, ref = workers["actor"], workers["critic"], workers["ref"]
     for _ in range(STEPS):
         old, ref_lp = actor.log_probs(*parts), ref.log_probs(*parts)
-        values, _ = critic.train(*parts, old_log_probs=old, ref_log_probs=ref_lp, updates=1)
-        actor.train(*parts, old_log_probs=old, ref_log_probs=ref_lp, external_data=values)
+        values, _ = critic.train(*parts, old, ref_lp, actor_data_size=1, updates=1)
+        actor.train(*parts, values, old_log_probs=old, ref_log_probs=ref_lp)
     actor.save(str(directory))
     critic.save(str(directory))
 
@@ -52,22 +52,22 @@ def test_data_parallel_ranks_stay_identical_and_equal_single_rank_training(ray_s
     roles = build_roles(spec, compute_layout(spec, use_gpus=False, cpu_ranks=2), timeout=120)
     try:
         prompts = PromptSampler(load_prompts(spec), spec.rollout.batch_size, seed=spec.seed).next_batch()
-        batch, _ = roles.rollout.async_call("generate", prompts, seed=3, num_returns=2)
+        batch, _ = roles.rollout.async_call(roles.rollout.worker_class.generate, prompts, seed=3, num_returns=2)
         roles.poll()
         for _ in range(STEPS):
-            old = roles.actor.async_call("log_probs", *batch)
+            old = roles.actor.async_call(roles.actor.worker_class.log_probs, *batch)
             ray.wait(old, num_returns=len(old))
-            ref_lp = roles.ref.async_call("log_probs", *batch)
+            ref_lp = roles.ref.async_call(roles.ref.worker_class.log_probs, *batch)
             ray.wait(ref_lp, num_returns=len(ref_lp))
-            values, _ = roles.critic.async_train(*batch, old_log_probs=old, ref_log_probs=ref_lp, updates=1, num_returns=2)
-            ray.get(roles.actor.async_train(*batch, old_log_probs=old, ref_log_probs=ref_lp, external_data=values))
+            values, _ = roles.critic.async_call(roles.critic.worker_class.train, *batch, spread=roles.log_probs_for_critic(old, ref_lp), actor_data_size=roles.layout.actor.data, updates=1, num_returns=2)
+            ray.get(roles.actor.async_call(roles.actor.worker_class.train, *batch, old_log_probs=old, ref_log_probs=ref_lp, spread=roles.values_for_actor(values)))
         transitions, _ = roles.poll()
         for role in ("actor", "critic"):
-            digests = getattr(roles, role).call("weights_digest")
+            digests = (group := getattr(roles, role)).call(group.worker_class.weights_digest)
             assert digests[0] == digests[1], f"{role} ranks drifted apart"
         parallel = tmp_path / "parallel"
         parallel.mkdir()
-        ray.get([ref for g in (roles.actor, roles.critic) for ref in g.async_call("save", str(parallel))])
+        ray.get([ref for g in (roles.actor, roles.critic) for ref in g.async_call(g.worker_class.save, str(parallel))])
         parts = ray.get(list(batch))
     finally:
         roles.shutdown()

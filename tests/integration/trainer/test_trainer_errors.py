@@ -30,8 +30,9 @@ def ppo_train(tmp_path, spec: dict, *extra: str, critic: dict | None = None) -> 
         ({**BASE, "criticLr": 1e-5}, None, "spec.criticLr: was removed; use critic.learningRate"),
         ({**BASE, "rollout": {"batchSize": 0}}, None, "spec.rollout.batchSize"),
         (BASE, {"lr": "1e-5"}, "spec.critic.lr: was removed; use critic.learningRate"),
-        (BASE, {"learningRat": 1e-5}, "valid fields here: enabled, learningRate"),
-        (BASE, {"parallelism": {"tensor": 2}}, "critic.parallelism must equal actor.parallelism"),
+        (BASE, {"learningRat": 1e-5}, "valid fields here: enabled, model, learningRate, backend"),
+        (BASE, {"parallelism": {"data": 9}}, "lower critic.parallelism.data"),
+        (BASE, {"backend": "Jax"}, "spec.critic.backend"),
     ],
 )
 def test_errors_bad_config_exit_2_with_message(tmp_path, spec, critic, expected):
@@ -47,6 +48,18 @@ def test_errors_critic_config_numbers_as_strings_are_numbers(tmp_path):
     spec, name = load_config(str(tmp_path / "job.yaml"), critic_config=str(tmp_path / "critic.yaml"))
     assert spec.critic.learning_rate == 1e-5 and spec.critic.updates_per_actor_update == 3
     assert spec.image == "local" and name == "job"
+
+
+def test_errors_critic_config_covers_the_critics_own_model_and_layout(tmp_path):
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump({**BASE, "actor": {"microBatchSize": 4, "maxGradNorm": 0.5}}))
+    (tmp_path / "critic.yaml").write_text(yaml.safe_dump({
+        "model": "builtin:tiny-narrow", "backend": "Torch", "microBatchSize": 2, "load": "/ckpt/critic",
+        "save": "/ckpt/critic-out", "parallelism": {"data": 1}}))
+    spec, _ = load_config(str(tmp_path / "job.yaml"), critic_config=str(tmp_path / "critic.yaml"))
+    critic = spec.training_role("critic")
+    assert (critic.model.path, critic.micro_batch_size, critic.max_grad_norm, critic.data) == (
+        "builtin:tiny-narrow", 2, 0.5, 1)  # maxGradNorm unset: the actor's
+    assert (spec.critic.load, spec.critic.save) == ("/ckpt/critic", "/ckpt/critic-out")
 
 
 BAD_FUNCTIONS = {
@@ -72,3 +85,13 @@ def test_errors_missing_custom_advantage_function(tmp_path):
     spec = {**BASE, "ppo": {"numRollouts": 2, "customAdvantageFunction": "no_such_module_xyz:fn"}}
     result = ppo_train(tmp_path, spec)
     assert result.returncode == 2 and "no_such_module_xyz" in result.stderr
+
+
+def test_errors_the_example_critic_config_merges_over_the_example_job():
+    from pathlib import Path
+
+    examples = Path(__file__).resolve().parents[3] / "examples"
+    spec, _ = load_config(str(examples / "tiny-cpu-ppojob.yaml"), critic_config=str(examples / "critic-tiny-narrow.yaml"))
+    critic = spec.training_role("critic")
+    assert (critic.model.path, critic.micro_batch_size, critic.data) == ("builtin:tiny-narrow", 16, 1)
+    assert spec.model.path == "builtin:tiny"

@@ -9,6 +9,7 @@ from conftest import tiny_spec
 
 from ppo_trainer.reporting import Recorder
 from ppo_trainer.roles.build import build_roles, compute_layout
+from ppo_trainer.roles.link import RayWorkerTarget
 from ppo_trainer.train import run_on
 
 ON, OFF = "OnDevice", "Offloaded"
@@ -45,11 +46,11 @@ def test_offload_transitions_of_one_ppo_step(roles):
 
 
 def test_offload_double_sleep_is_a_noop(roles):
-    assert roles.critic.call("state") == [OFF]
-    assert roles.critic.call("sleep") == [False]
-    assert roles.critic.call("sleep") == [False]
-    assert roles.rollout.call("sleep") == [True]
-    assert roles.rollout.call("sleep") == [False]
+    assert roles.critic.call(roles.critic.worker_class.state) == [OFF]
+    assert roles.critic.call(roles.critic.worker_class.sleep) == [False]
+    assert roles.critic.call(roles.critic.worker_class.sleep) == [False]
+    assert roles.rollout.call(roles.rollout.worker_class.sleep) == [True]
+    assert roles.rollout.call(roles.rollout.worker_class.sleep) == [False]
     transitions_, states = roles.poll()
     assert [(t.role, t.from_state, t.to_state) for t in transitions_] == [("rollout", "Awake", "Asleep")]
     assert states["rollout"] == "Asleep" and states["critic"] == OFF
@@ -70,9 +71,10 @@ def test_offload_disaggregated_link_follows_residency(ray_session):
             ("actor", ON, OFF),
         ]
         assert actor_side == one_turn * 2  # log-probs; train, awake through the broadcast of the weights
-        assert roles.actor.call("link_state") == ["Disconnected"]
+        assert roles.actor.call(roles.actor.worker_class.link_state) == ["Disconnected"]
         # The engine's end of the group is gone too: a bucket sent now is refused by name.
         with pytest.raises(ray.exceptions.RayTaskError, match="weight_update_group is not connected"):
-            roles.rollout.call("update_weights_from_distributed", names=[], dtypes=[], shapes=[], group_name="weight_update_group")
+            RayWorkerTarget(roles.rollout.handles[0]).update_weights_from_distributed(
+                names=[], dtypes=[], shapes=[], group_name="weight_update_group")
     finally:
         roles.shutdown()

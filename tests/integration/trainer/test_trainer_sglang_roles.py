@@ -41,14 +41,14 @@ def test_sglang_roles_sync_the_actor_weights_to_the_served_model(ray_session):
     spec = sglang_spec(ppo={"numRollouts": 1})
     roles = build_roles(spec, compute_layout(spec, use_gpus=False), timeout=120, builtin_sglang_server=True)
     try:
-        [[url]] = roles.rollout.call("server_urls")
+        [[url]] = roles.rollout.call(roles.rollout.worker_class.server_urls)
         before = served_greedy(url)
         roles.poll()
         recorder = Recorder()
         run_on(roles, spec, reporter=recorder, checkpoint_dir=None)
 
         # What the server serves now is exactly the trained actor's policy.
-        weights = roles.actor.call("export_weights")[0]
+        weights = roles.actor.call(roles.actor.worker_class.export_weights)[0]
         local = TorchRolloutEngine(model_spec=spec.model, device="cpu", seed=spec.seed)
         local.update_weights(weights.items())
         after, expected = served_greedy(url), local.generate(PROMPTS, GREEDY)
@@ -70,10 +70,10 @@ def test_sglang_roles_sync_the_actor_weights_to_the_served_model(ray_session):
         with pytest.raises(RolloutServerError, match=r"Group weight_update_group not in \[\]"):
             SGLangClient(url).update_weights_from_distributed(names=["x"], dtypes=["float32"], shapes=[[1]])
         # The worker's sleep released the server's memory; its wake resumed it with the weights intact.
-        roles.rollout.call("sleep")
+        roles.rollout.call(roles.rollout.worker_class.sleep)
         with pytest.raises(RolloutServerError, match="memory released"):
             SGLangClient(url).generate(PROMPTS[:1], [{"max_new_tokens": 2}])
-        roles.rollout.call("wake")
+        roles.rollout.call(roles.rollout.worker_class.wake)
         assert torch.equal(served_greedy(url).response_tokens, after.response_tokens)
     finally:
         roles.shutdown()

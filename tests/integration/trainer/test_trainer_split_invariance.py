@@ -82,8 +82,8 @@ def single_rank_step(spec, batch):
     record(critic)
     old, mismatch = actor.log_probs_and_mismatch(batch)
     ref_lp = ref.log_probs(batch)
-    values, _ = critic.train(batch, old_log_probs=old, ref_log_probs=ref_lp, updates=1)
-    actor.train(batch, old_log_probs=old, ref_log_probs=ref_lp, external_data=values)
+    values, _ = critic.train(batch, old, ref_lp, actor_data_size=1, updates=1)
+    actor.train(batch, values, old_log_probs=old, ref_log_probs=ref_lp)
     return {"actor": actor.recorded_gradients, "critic": critic.recorded_gradients}, summarize_mismatch([mismatch])
 
 
@@ -99,12 +99,12 @@ def test_one_step_on_two_ranks_of_micro_batch_one_equals_one_rank_on_the_whole_b
     try:
         for group in (roles.actor, roles.critic):
             ray.get([h.__ray_call__.remote(record) for h in group.handles])
-        old, mismatch = roles.actor.async_call("log_probs_and_mismatch", batch, num_returns=2)
+        old, mismatch = roles.actor.async_call(roles.actor.worker_class.log_probs_and_mismatch, batch, num_returns=2)
         ray.wait(old, num_returns=len(old))
-        ref_lp = roles.ref.async_call("log_probs", batch)
+        ref_lp = roles.ref.async_call(roles.ref.worker_class.log_probs, batch)
         ray.wait(ref_lp, num_returns=len(ref_lp))
-        values, _ = roles.critic.async_train(batch, old_log_probs=old, ref_log_probs=ref_lp, updates=1, num_returns=2)
-        ray.get(roles.actor.async_train(batch, old_log_probs=old, ref_log_probs=ref_lp, external_data=values))
+        values, _ = roles.critic.async_call(roles.critic.worker_class.train, batch, spread=roles.log_probs_for_critic(old, ref_lp), actor_data_size=roles.layout.actor.data, updates=1, num_returns=2)
+        ray.get(roles.actor.async_call(roles.actor.worker_class.train, batch, old_log_probs=old, ref_log_probs=ref_lp, spread=roles.values_for_actor(values)))
         parallel = {role: ray.get([h.__ray_call__.remote(recorded) for h in getattr(roles, role).handles])
                     for role in ("actor", "critic")}
         parallel_mismatch = summarize_mismatch(ray.get(list(mismatch)))

@@ -135,7 +135,7 @@ def test_pipeline_stages_split_the_layers_and_reassemble(tied):
 
 
 def test_a_layer_count_that_does_not_split_over_the_pipeline_names_the_field():
-    with pytest.raises(ValueError, match=r"actor.parallelism.pipeline=4.*divides 6"):
+    with pytest.raises(ValueError, match=r"parallelism.pipeline=4 \(actor.parallelism or critic.parallelism\).*divides 6"):
         conversion.stage_layers(6, stage=0, stages=4)
     assert conversion.stage_layers(24, stage=1, stages=2) == range(12, 24)
 

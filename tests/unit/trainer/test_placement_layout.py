@@ -67,9 +67,40 @@ def test_a_step_with_fewer_prompts_than_engines_is_refused():
 def test_engines_share_a_steps_prompts_in_contiguous_parts_with_distinct_seeds(count, ranks, sizes):
     from ppo_trainer.roles.group import PerRank, RoleGroup
 
-    group = RoleGroup("rollout", handles=[object()] * ranks)
+    group = RoleGroup("rollout", handles=[object()] * ranks, worker_class=object)
     parts = group.split(list(range(count)))
     assert isinstance(parts, PerRank) and [len(p) for p in parts] == sizes
     assert [x for p in parts for x in p] == list(range(count))
     seeds = list(group.seeds(10))
     assert seeds[0] == 10 and len(set(seeds)) == ranks
+
+
+def test_a_critic_of_its_own_layout_uses_the_first_bundles():
+    layout = compute_layout(spec(actor={"backend": "Megatron"}, critic={"parallelism": {"tensor": 2}}), use_gpus=True)
+    assert (layout.actor.model_parallel, layout.actor.data, layout.actor.ranks) == (1, 2, 2)
+    assert (layout.critic.model_parallel, layout.critic.data, layout.critic.ranks) == (2, 1, 2)
+    smaller = compute_layout(spec(critic={"parallelism": {"data": 1}}), use_gpus=True)
+    assert (smaller.train_ranks, smaller.actor.ranks, smaller.critic.ranks) == (2, 2, 1)
+    on_cpus = compute_layout(spec(actor={"parallelism": {"data": 1}}, critic={"parallelism": {"data": 2}}),
+                             use_gpus=False, cpu_ranks=2)
+    assert (on_cpus.actor.ranks, on_cpus.critic.ranks) == (1, 2)
+
+
+@pytest.mark.parametrize(
+    ("fields", "cpu_ranks", "message"),
+    [
+        ({"critic": {"parallelism": {"data": 3}}}, 2,
+         (r"critic.parallelism.data \(3\) \* tensor \* pipeline \(1\) = 3 ranks do not fit the 2 training bundles"
+          r" \(--cpu-ranks\): lower critic.parallelism.data")),
+        ({"actor": {"parallelism": {"data": 2}}}, 1, r"actor.parallelism.data \(2\) .* do not fit the 1 training bundles"),
+        ({"critic": {"parallelism": {"tensor": 2}}}, 2, "set critic.parallelism.tensor and pipeline to 1, or use critic.backend Megatron"),
+    ],
+)
+def test_a_layout_that_does_not_fit_the_bundles_names_the_field(fields, cpu_ranks, message):
+    with pytest.raises(PlacementError, match=message):
+        compute_layout(spec(**fields, resources={"gpusPerNode": 0}), use_gpus=False, cpu_ranks=cpu_ranks)
+
+
+def test_cuda_ipc_needs_an_actor_rank_on_every_gpu():
+    with pytest.raises(PlacementError, match="leave actor.parallelism.data unset"):
+        compute_layout(spec(actor={"parallelism": {"data": 1}}), use_gpus=True)

@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ppo_trainer.batch import CriticOutput, RolloutBatch
+from ppo_trainer.batch import RolloutBatch
 from ppo_trainer.roles.actor import ActorWorker
 from ppo_trainer.roles.critic import CriticWorker
+from ppo_trainer.roles.handoff import CriticValues
 from ppojob_api.spec import parse_spec
 
 ROWS, RESPONSE, PAD = 8, 8, 258
@@ -57,9 +58,9 @@ def one_step(spec, batch: RolloutBatch) -> dict[str, list[torch.Tensor]]:
         worker.backend.optimizer.step = record_then_step
     old = actor.log_probs(batch)
     ref = old + 0.1 * torch.randn(old.shape, generator=torch.Generator().manual_seed(1)) * batch.response_mask
-    output, _ = critic.train(batch, old_log_probs=old, ref_log_probs=ref, updates=1)
-    assert isinstance(output, CriticOutput)
-    actor.train(batch, old_log_probs=old, ref_log_probs=ref, external_data=output)
+    output, _ = critic.train(batch, old, ref, actor_data_size=1, updates=1)
+    assert isinstance(output, CriticValues) and output.sample_ids.tolist() == list(range(ROWS))
+    actor.train(batch, output, old_log_probs=old, ref_log_probs=ref)
     for role, worker in (("actor", actor), ("critic", critic)):
         grads[role].append(torch.cat([p.detach().reshape(-1) for p in worker.backend.model.parameters()]))
     return grads

@@ -223,6 +223,12 @@ class TorchBackend:
         if self.offloaded:
             raise RuntimeError(f"{what}() on an offloaded {self.role} backend; call onload() first")
 
+    def attach_process_groups(self) -> None:
+        """Nothing to take up: data parallelism sums gradients over the default group as it is."""
+
+    def release_process_groups(self) -> None:
+        """Nothing to let go of (see `attach_process_groups`)."""
+
     # ----- weights and checkpoints --------------------------------------------------------------
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:

@@ -5,22 +5,21 @@ depend on Ray, the PPO loop or a training backend.
 """
 
 from ppo_trainer.models.builtin import (
-    BUILTINS,
-    SMOLLM2,
-    TINY,
     ValueModel,
     build_policy,
     build_value_model,
+    builtin_config,
     resolve_dtype,
-    resolve_model_dir,
     tiny_config,
 )
 from ppo_trainer.models.residency import HostMirror
 from ppo_trainer.models.smollm import ensure_smollm2, find_gguf, smollm2_dir
+from ppo_trainer.models.sources import BUILTINS, SMOLLM2, TINY, TINY_NARROW, resolve_model_dir
 from ppo_trainer.models.tokenizer import (
     ByteTokenizer,
     HFTokenizer,
     Tokenizer,
+    check_same_tokenizer,
     load_hf_tokenizer,
     load_tokenizer,
 )
@@ -29,6 +28,7 @@ __all__ = [
     "BUILTINS",
     "SMOLLM2",
     "TINY",
+    "TINY_NARROW",
     "ByteTokenizer",
     "HFTokenizer",
     "HostMirror",
@@ -36,6 +36,8 @@ __all__ = [
     "ValueModel",
     "build_policy",
     "build_value_model",
+    "builtin_config",
+    "check_same_tokenizer",
     "ensure_smollm2",
     "find_gguf",
     "load_hf_tokenizer",

@@ -1,47 +1,23 @@
-"""Building the policy and value networks from a ModelSpec: built-in configurations or a local directory.
+"""Building the policy and value networks from a ModelSpec (paths as `models/sources.py` resolves them).
 
-`builtin:tiny` is a random-init Llama small enough to train on a CPU in seconds, over the byte
-tokenizer's vocabulary; `builtin:smollm2-135m` is the converted SmolLM2 directory; anything else
-is a local Hugging Face directory (nothing is downloaded). The critic (`ValueModel`) is the
-policy's trunk with a scalar head. Must not depend on Ray, the PPO loop or a training backend.
+The critic (`ValueModel`) is a causal LM's trunk with a scalar head: by default the actor's,
+with `critic.model` a model of its own (another size or architecture, the same tokenizer). Must
+not depend on Ray, the PPO loop or a training backend.
 """
 
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
+from ppo_trainer.models.sources import TINY, TINY_NARROW, resolve_model_dir
 from ppo_trainer.models.tokenizer import ByteTokenizer
 from ppojob_api.spec import ModelSpec
 
-TINY = "builtin:tiny"
-SMOLLM2 = "builtin:smollm2-135m"
-BUILTINS = (TINY, SMOLLM2)
-
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-def resolve_model_dir(path: str) -> Path | None:
-    """The Hugging Face directory behind a model path; None for builtin:tiny (no directory)."""
-    if path == TINY:
-        return None
-    if path == SMOLLM2:
-        from ppo_trainer.models.smollm import ensure_smollm2
-
-        return ensure_smollm2()
-    if path.startswith("builtin:"):
-        raise ValueError(f"model.path {path!r} is not a built-in model; use one of {', '.join(BUILTINS)}")
-    directory = Path(path).expanduser()
-    if not (directory / "config.json").is_file():
-        raise ValueError(
-            f"model.path {path!r} is not a Hugging Face model directory (no config.json); "
-            f"give a local directory written by save_pretrained, or one of {', '.join(BUILTINS)}"
-        )
-    return directory
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -52,22 +28,35 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return DTYPES[dtype]
 
 
-def tiny_config() -> LlamaConfig:
-    """A 2-layer, 64-wide Llama over the byte tokenizer: ~0.1M parameters, fast on a CPU."""
+# (layers, hidden width, attention heads, key-value heads) of the random-init built-ins.
+RANDOM_SHAPES = {TINY: (2, 64, 4, 2), TINY_NARROW: (1, 32, 4, 2)}
+
+
+def builtin_config(path: str) -> LlamaConfig | None:
+    """The configuration of a random-init built-in over the byte tokenizer (None for any other path)."""
+    shape = RANDOM_SHAPES.get(path)
+    if shape is None:
+        return None
+    layers, hidden, heads, kv_heads = shape
     tokenizer = ByteTokenizer()
     return LlamaConfig(
         vocab_size=tokenizer.vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
         max_position_embeddings=1024,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=False,
     )
+
+
+def tiny_config() -> LlamaConfig:
+    """builtin:tiny: a 2-layer, 64-wide Llama over the byte tokenizer, ~0.1M parameters."""
+    return builtin_config(TINY)
 
 
 def build_policy(
@@ -86,7 +75,7 @@ def build_policy(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         if directory is None:
-            model = LlamaForCausalLM(tiny_config())
+            model = LlamaForCausalLM(builtin_config(model_spec.path))
         else:
             model = AutoModelForCausalLM.from_pretrained(str(directory), local_files_only=True)
     model.config.use_cache = False

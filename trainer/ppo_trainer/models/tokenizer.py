@@ -7,6 +7,7 @@ Ray or the PPO loop; transformers is imported only when a Hugging Face tokenizer
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -85,7 +86,7 @@ class HFTokenizer:
 
 def load_tokenizer(model_spec: ModelSpec, *, chat_template: bool = True) -> Tokenizer:
     """The tokenizer of `model_spec`: `tokenizer` when set, else the one beside the model `path`."""
-    from ppo_trainer.models.builtin import resolve_model_dir
+    from ppo_trainer.models.sources import resolve_model_dir
 
     source = model_spec.tokenizer or model_spec.path
     directory = resolve_model_dir(source)
@@ -99,3 +100,28 @@ def load_hf_tokenizer(directory: str | Path, *, chat_template: bool = True) -> H
 
     hf_tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
     return HFTokenizer(hf_tokenizer=hf_tokenizer, chat_template=chat_template)
+
+
+def vocabulary_fingerprint(tokenizer: Tokenizer) -> str:
+    """A digest of what token ids mean (every token's id, EOS, PAD): two models trained on one
+    batch's ids must read them alike."""
+    digest = hashlib.sha256(f"{type(tokenizer).__name__}:{tokenizer.eos_token_id}:{tokenizer.pad_token_id}".encode())
+    if isinstance(tokenizer, HFTokenizer):
+        for token, index in sorted(tokenizer.hf_tokenizer.get_vocab().items(), key=lambda item: item[1]):
+            digest.update(f"{index}:{token}\n".encode())
+    else:
+        digest.update(str(tokenizer.vocab_size).encode())
+    return digest.hexdigest()
+
+
+def check_same_tokenizer(actor: ModelSpec, critic: ModelSpec) -> None:
+    """Raise unless the critic's model reads token ids as the actor's tokenizer writes them."""
+    actor_tokenizer, critic_tokenizer = load_tokenizer(actor), load_tokenizer(critic)
+    if vocabulary_fingerprint(actor_tokenizer) != vocabulary_fingerprint(critic_tokenizer):
+        raise ValueError(
+            f"critic.model {critic.path!r} has another tokenizer than the actor's"
+            f" ({critic.tokenizer or critic.path!r}: {critic_tokenizer.vocab_size} tokens, EOS"
+            f" {critic_tokenizer.eos_token_id}; the actor's {actor.tokenizer or actor.path!r}:"
+            f" {actor_tokenizer.vocab_size} tokens, EOS {actor_tokenizer.eos_token_id}): the critic values the"
+            " actor's token ids, so choose a critic of the same model family (same tokenizer)"
+        )

@@ -1,7 +1,8 @@
 """The actor's rank: PPO policy updates on the critic's values, and handing its weights to the engines.
 
-`train` receives the critic's `CriticOutput` for this rank as `external_data` (Ray resolved the
-ObjectRef before the task started), derives the same targets the critic used, checks the
+`train` receives the `CriticValues` of the critic ranks that hold this rank's samples (Ray resolved
+the ObjectRefs before the task started; `roles/handoff.py` picks the rows by sample id, whatever
+the two roles' data-parallel sizes), derives the same targets the critic used, checks the
 returns agree, whitens the advantages over the whole batch (the ranks sum their moments) and
 runs `ppo.epochs` clipped-policy-loss passes, each micro-batch's loss normalised by the whole
 batch's counts (`ppo.lossAggregation`) and, with `ppo.rolloutCorrection`, reweighted by
@@ -30,10 +31,11 @@ from ppo_trainer.algorithms import (
     policy_loss,
     truncated_importance_weights,
 )
-from ppo_trainer.batch import CriticOutput, RolloutBatch
+from ppo_trainer.batch import RolloutBatch
 from ppo_trainer.distributed import all_reduce_sum
 from ppo_trainer.offload import Residency
 from ppo_trainer.roles.base import RoleWorker, take_rows
+from ppo_trainer.roles.handoff import CriticValues, gather_values
 from ppo_trainer.roles.targets import check_same_returns, compute_targets
 from ppojob_api.vocabulary import RolloutCorrection
 
@@ -50,7 +52,7 @@ class ActorWorker(RoleWorker):
                          shared_process=shared_process)
         ref = spec.ppo.custom_advantage_function
         self.advantage_fn = load_advantage_function(ref) if ref else None
-        self.received: CriticOutput | None = None
+        self.received: CriticValues | None = None
         self._shared: list[torch.Tensor] = []  # weights shared with the colocated engine (CUDA IPC)
         if rollout_workers and rank == 0:
             from ppo_trainer.distributed import process_group_backend
@@ -83,18 +85,24 @@ class ActorWorker(RoleWorker):
 
     def train(
         self,
-        *parts: RolloutBatch,
+        *inputs: RolloutBatch | CriticValues,
         old_log_probs: torch.Tensor,
         ref_log_probs: torch.Tensor,
-        external_data: CriticOutput | None = None,
         stay_awake: bool = False,
     ) -> dict[str, float]:
-        """`stay_awake`: the weight sync comes next and puts the rank to sleep when it is done (one
-        offload and onload fewer per step)."""
+        """`inputs`: the engines' batch parts, then the `CriticValues` of the critic ranks that hold this
+        rank's samples (none without a critic; Ray resolved the refs). `stay_awake`: the weight sync
+        comes next and puts the rank to sleep when it is done (one offload and onload fewer per step)."""
+        parts = tuple(x for x in inputs if isinstance(x, RolloutBatch))
+        critic_outputs = [x for x in inputs if isinstance(x, CriticValues)]
         batch, counts = self.training_batch(parts)
         mask = batch.response_mask
-        self.received = external_data
-        values = external_data.values if external_data is not None else torch.zeros_like(mask)
+        self.received = None
+        values = torch.zeros_like(mask)
+        if critic_outputs:
+            ids = self.sample_ids(batch, parts)
+            values, critic_returns = gather_values(critic_outputs, ids)
+            self.received = CriticValues(sample_ids=ids, values=values, returns=critic_returns)
         ppo = self.spec.ppo
         targets = compute_targets(
             batch,
@@ -104,8 +112,8 @@ class ActorWorker(RoleWorker):
             ppo=ppo,
             advantage_fn=self.advantage_fn,
         )
-        if external_data is not None:
-            check_same_returns(targets.returns, external_data.returns, function=ppo.custom_advantage_function)
+        if self.received is not None:
+            check_same_returns(targets.returns, self.received.returns, function=ppo.custom_advantage_function)
         correction = ppo.rollout_correction
         weights = None
         if correction.type == RolloutCorrection.TRUNCATED_IMPORTANCE_SAMPLING:
@@ -144,7 +152,7 @@ class ActorWorker(RoleWorker):
                 # model-parallel ranks of one data rank repeat its rows, which leaves both unchanged).
                 advantages = masked_whiten(advantages, mask, moments=all_reduce_sum(masked_moments(advantages, mask)))
             passes = [
-                self.backend.train(batch, loss_fn, micro_batch_size=self.spec.actor.micro_batch_size)
+                self.backend.train(batch, loss_fn, micro_batch_size=self.training.micro_batch_size)
                 for _ in range(ppo.epochs)
             ]
         return {**passes[-1], "policy_loss": passes[0]["policy_loss"], "kl": targets.kl}
@@ -190,8 +198,8 @@ class ActorWorker(RoleWorker):
     def link_state(self) -> str | None:
         return self.link.state if self.link is not None else None
 
-    def received_external_data(self) -> CriticOutput | None:
-        """What the last `train` received as `external_data` (for tests and debugging)."""
+    def received_external_data(self) -> CriticValues | None:
+        """The critic's values and returns the last `train` took for its samples (for tests and debugging)."""
         return self.received
 
 

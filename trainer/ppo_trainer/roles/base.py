@@ -8,13 +8,15 @@ handed to the driver by `drain_transitions`. A role's ranks form a process group
 (`distributed.py`) that is built right after they wake and destroyed right before they sleep
 (unless `spec.offload.processGroups` is false: then it is built once and kept):
 with the Torch backend the actor's and critic's ranks when there are several (data parallelism);
-with Megatron every role, one rank included (its model-parallel groups live on that group, and
+with a backend that builds on it (Megatron) every role, one rank included (its model-parallel groups live on that group, and
 are destroyed and rebuilt with it). Waking is then collective, so a multi-rank role is always
 called on all its ranks at once (`RoleGroup`). A Megatron rank builds its model only once the
 group exists (right away for one rank; at `join_process_group` for several). Megatron ranks are
 ordered tensor-parallel first: ranks 2i and 2i+1 of a tensor-parallel size 2 hold halves of one
-model and read the same rows (data rank i). Backends are built by `build_backend`, the one place
-that knows which backend class serves which `spec.actor.backend`. Must not depend on Ray.
+model and read the same rows (data rank i). Each role has its own settings and layout
+(`PPOJobSpec.training_role`: the critic's own model, backend, micro-batch and parallelism);
+`backends/build.py` builds the backend and says whether it lives on the role's group. Must not
+depend on Ray.
 """
 
 from __future__ import annotations
@@ -28,40 +30,23 @@ import torch
 
 from ppo_trainer.algorithms import BatchCounts, batch_counts
 from ppo_trainer.backends.base import TrainBackend
+from ppo_trainer.backends.build import build_backend, builds_on_process_group
 from ppo_trainer.batch import RolloutBatch
 from ppo_trainer.distributed import RoleProcessGroup
 from ppo_trainer.offload import Residency, Transition
+from ppo_trainer.roles.handoff import shard_sample_ids
+from ppo_trainer.rollout.layout import merge_batches
 from ppojob_api.spec import PPOJobSpec
-from ppojob_api.vocabulary import TrainBackend as BackendKind
-
-
-def build_backend(spec: PPOJobSpec, *, role: str, device: str) -> TrainBackend:
-    """The training backend of one rank of `role` ("actor", "critic" or "ref"), as spec.actor.backend says."""
-    kwargs = {
-        "model_spec": spec.model,
-        "role": role,
-        "learning_rate": spec.critic_learning_rate if role == "critic" else spec.actor.learning_rate,
-        "max_grad_norm": spec.actor.max_grad_norm,
-        "device": device,
-        "seed": spec.seed,
-        "dtype": spec.model.dtype,
-        "logits_temperature": spec.rollout.temperature or 1.0,  # log-probs of the distribution sampled from
-        "forward_micro_batch_size": spec.actor.micro_batch_size,
-        "compile": spec.actor.compile and device.startswith("cuda"),
-    }
-    if spec.actor.backend == BackendKind.MEGATRON:
-        from ppo_trainer.backends.megatron.backend import MegatronBackend
-
-        parallel = spec.actor.parallelism
-        return MegatronBackend(**kwargs, tensor_parallel=parallel.tensor, pipeline_parallel=parallel.pipeline)
-    from ppo_trainer.backends.torch_backend import TorchBackend
-
-    return TorchBackend(**kwargs)
 
 
 def take_rows(tensor: torch.Tensor, rows: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """Rows of a CPU batch tensor, on the device of the model output `like` (a loss compares them)."""
     return tensor[rows.to(tensor.device)].to(like.device, non_blocking=True)
+
+
+def batch_size(parts: tuple[RolloutBatch, ...]) -> int:
+    """Samples in the step's batch: the engines' parts together."""
+    return sum(part.size for part in parts)
 
 
 def use_all_cores(device: str) -> None:
@@ -92,40 +77,43 @@ class RoleWorker:
         self.offload = offload
         self._transitions: list[Transition] = []
         self.residency = Residency.for_train_role(self.role, rank=rank, listener=self._transitions.append)
-        megatron = spec.actor.backend == BackendKind.MEGATRON
-        model_parallel = spec.actor.parallelism.model_parallel_size if megatron else 1
+        self.training = spec.training_role(self.role)
+        model_parallel = self.training.model_parallel_size
         if world_size % model_parallel:
             raise ValueError(
-                f"{self.role}: {world_size} ranks do not split into models of actor.parallelism.tensor * pipeline"
-                f" = {model_parallel} ranks; make the GPU count a multiple of it"
+                f"{self.role}: {world_size} ranks do not split into models of {self.training.field}.parallelism.tensor"
+                f" * pipeline = {model_parallel} ranks; make the rank count a multiple of it"
             )
         self.data_rank, self.data_size = rank // model_parallel, world_size // model_parallel
+        on_group = builds_on_process_group(self.training)
         self.process_group: RoleProcessGroup | None = None
-        if not shared_process and (megatron or (world_size > 1 and self.role in DATA_PARALLEL_ROLES)):
+        if not shared_process and (on_group or (world_size > 1 and self.role in DATA_PARALLEL_ROLES)):
             self.process_group = RoleProcessGroup(
                 role=self.role, rank=rank, world_size=world_size, device=device, listener=self._transitions.append
             )
         self.backend: TrainBackend | None = None
-        if megatron and self.process_group is not None:
+        if on_group and self.process_group is not None:
             if world_size == 1:  # its own rendezvous; with several ranks, join_process_group builds the model
                 self.process_group.host("127.0.0.1")
-                self._build_megatron()
+                self._build_backend()
         else:
             self._build_backend()
 
     def _build_backend(self) -> None:
+        """Build the model (on the live group when there is one: a backend's own groups then follow it
+        through every sleep), let the role finish it (`backend_built`), and sleep when offloading."""
+        if self.process_group is not None and builds_on_process_group(self.training):
+            self.process_group.connect()
         self.backend = build_backend(self.spec, role=self.role, device=self.device)
+        if self.process_group is not None:
+            self.process_group.on_connect = self.backend.attach_process_groups
+            self.process_group.on_disconnect = self.backend.release_process_groups
+        self.backend_built()
         if self.offload:
             self.sleep()
 
-    def _build_megatron(self) -> None:
-        """The model is built on the live group; the backend's groups then follow it through every sleep."""
-        self.process_group.connect()
-        self.backend = build_backend(self.spec, role=self.role, device=self.device)
-        self.process_group.on_connect = self.backend.attach_process_groups
-        self.process_group.on_disconnect = self.backend.release_process_groups
-        if self.offload:
-            self.sleep()
+    def backend_built(self) -> None:
+        """Called once the backend exists, awake; a role that starts from a checkpoint loads it here."""
 
     # Explicit transitions: idempotent (a second sleep is a no-op).
     def sleep(self) -> bool:
@@ -153,7 +141,7 @@ class RoleWorker:
             raise RuntimeError(f"{self.role}[{self.rank}] has no process group to join")
         self.process_group.attach(address, port)
         if self.backend is None:
-            self._build_megatron()
+            self._build_backend()
         elif self.residency.awake:
             self.process_group.connect()
 
@@ -193,10 +181,15 @@ class RoleWorker:
     def training_batch(self, parts: tuple[RolloutBatch, ...]) -> tuple[RolloutBatch, BatchCounts]:
         """This rank's rows, and the counts of the whole step's batch that every rank's loss terms are
         divided by (every rank receives all the engines' parts, so no collective is needed)."""
-        from ppo_trainer.roles.rollout import merge_batches
-
         merged = merge_batches(list(parts))
         return merged.shard(self.data_rank, self.data_size), batch_counts(merged.response_mask)
+
+    def sample_ids(self, batch: RolloutBatch, parts: tuple[RolloutBatch, ...]) -> torch.Tensor:
+        """The sample ids (rows of the merged batch) of this rank's shard `batch`."""
+        ids = shard_sample_ids(batch_size(parts), data_rank=self.data_rank, data_size=self.data_size)
+        if len(ids) != batch.size:
+            raise RuntimeError(f"{self.role}[{self.rank}]: {batch.size} rows for {len(ids)} sample ids")
+        return ids
 
     def log_probs(self, *parts: RolloutBatch) -> torch.Tensor:
         """[B_rank, T] float32 CPU log-probs of the sampled tokens under this rank's policy."""

@@ -1,9 +1,12 @@
 """Placement and construction of the roles: one shared placement group, fractional shares, the engines.
 
 `compute_layout` decides, from the spec and whether the cluster has GPUs, how many training
-ranks and rollout engines there are and what one bundle holds ({"GPU": 1, "CPU": 1} there,
-{"CPU": 1} here). Actor, critic and reference rank i share bundle i, each with a fractional
-share of it; the rollout engines share those bundles when placement is Colocate and get a
+bundles and rollout engines there are, what one bundle holds ({"GPU": 1, "CPU": 1} there,
+{"CPU": 1} here) and each training role's ranks (`RoleLayout`: model-parallel size times
+data-parallel size, from `actor.parallelism` and `critic.parallelism`; a layout that does not fit
+the bundles is a `PlacementError` naming the field). Actor, critic and reference rank i share
+bundle i, each with a fractional share of it (a role with fewer ranks uses the first bundles;
+the reference follows the actor); the rollout engines share those bundles when placement is Colocate and get a
 placement group of their own when Disaggregated. A role's device follows its share: a GPU share
 means "cuda". `build_roles` waits for the placement groups for a bounded time and fails with
 what was asked and what the cluster has, instead of hanging; it then sets up the data-parallel
@@ -24,10 +27,12 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from ppo_trainer.offload import Transition
 from ppo_trainer.roles.actor import ActorWorker
 from ppo_trainer.roles.critic import CriticWorker
-from ppo_trainer.roles.group import RoleGroup
+from ppo_trainer.roles.group import PerRank, RoleGroup
+from ppo_trainer.roles.handoff import ranks_sharing_samples
 from ppo_trainer.roles.ref import RefWorker
 from ppo_trainer.roles.rollout import RolloutWorker
-from ppojob_api.spec import PPOJobSpec
+from ppo_trainer.roles.weight_sync import WeightSync, build_weight_sync
+from ppojob_api.spec import PPOJobSpec, TrainingRole
 from ppojob_api.vocabulary import Placement, TrainBackend
 from ppojob_api.vocabulary import RolloutEngine as EngineKind
 
@@ -42,9 +47,12 @@ class PlacementError(RuntimeError):
 class Layout:
     use_gpus: bool
     train_ranks: int
+    """Training bundles: one device each (a GPU, or a CPU share)."""
     rollout_engines: int
     colocate: bool
     with_critic: bool
+    actor: RoleLayout
+    critic: RoleLayout | None
     cuda_ipc_weights: bool = False
     """Colocated torch engines on GPUs copy the weights from the actor rank on their GPU (CUDA IPC)."""
 
@@ -68,33 +76,86 @@ class Layout:
         return {key: fraction, "num_cpus": fraction} if self.use_gpus else {key: fraction}
 
 
-def compute_layout(spec: PPOJobSpec, *, use_gpus: bool, cpu_ranks: int = 1) -> Layout:
-    """Training ranks and engines: from the spec's GPUs on a GPU cluster, `cpu_ranks` and one engine on CPUs."""
-    colocate = spec.placement == Placement.COLOCATE
-    parallel = spec.actor.parallelism
-    if parallel.model_parallel_size != 1 and spec.actor.backend != TrainBackend.MEGATRON:
+@dataclass(frozen=True)
+class RoleLayout:
+    """A training role's ranks: rank r sits on training bundle r and is data rank r // model_parallel."""
+
+    model_parallel: int
+    data: int
+
+    @property
+    def ranks(self) -> int:
+        return self.model_parallel * self.data
+
+
+def route(refs: PerRank, *, source: RoleLayout, target: RoleLayout) -> PerRank:
+    """For each rank of the target role, the refs of the source role's data ranks that share its
+    samples (each data rank's first model-parallel rank: the others hold the same rows)."""
+    return PerRank(
+        [refs[d * source.model_parallel] for d in ranks_sharing_samples(
+            data_rank=rank // target.model_parallel, data_size=target.data, other_data_size=source.data)]
+        for rank in range(target.ranks)
+    )
+
+
+def compute_role_layout(training: TrainingRole, *, bundles: int, what: str) -> RoleLayout:
+    """The role's ranks on the first of `bundles` training bundles ("what": how the bundles are counted)."""
+    field, model_parallel = training.field, training.model_parallel_size
+    if model_parallel != 1 and training.backend != TrainBackend.MEGATRON:
         raise PlacementError(
-            "the Torch backend runs one device per rank: set actor.parallelism and critic.parallelism to 1,"
-            " or use actor.backend Megatron for tensor and pipeline parallelism"
+            f"the Torch backend runs one device per rank: set {field}.parallelism.tensor and pipeline to 1,"
+            f" or use {field}.backend Megatron for tensor and pipeline parallelism"
         )
+    if training.data is None:
+        if bundles % model_parallel:
+            raise PlacementError(
+                f"{bundles} training bundles ({what}) do not split into models of {field}.parallelism.tensor *"
+                f" pipeline = {model_parallel} ranks: make the count a multiple, or set {field}.parallelism.data"
+            )
+        return RoleLayout(model_parallel=model_parallel, data=bundles // model_parallel)
+    if training.data * model_parallel > bundles:
+        raise PlacementError(
+            f"{field}.parallelism.data ({training.data}) * tensor * pipeline ({model_parallel}) ="
+            f" {training.data * model_parallel} ranks do not fit the {bundles} training bundles ({what}):"
+            f" lower {field}.parallelism.data, or leave it unset to use every bundle"
+        )
+    return RoleLayout(model_parallel=model_parallel, data=training.data)
+
+
+def compute_layout(spec: PPOJobSpec, *, use_gpus: bool, cpu_ranks: int = 1) -> Layout:
+    """Training bundles and engines (from the spec's GPUs on a GPU cluster, `cpu_ranks` and one
+    engine on CPUs), and each training role's ranks on them."""
+    colocate = spec.placement == Placement.COLOCATE
     if spec.rollout.tensor_parallel != 1:
         raise PlacementError("the rollout engines run one device each for now: set rollout.tensorParallel to 1")
     if use_gpus:
-        train_gpus = spec.resources.total_gpus - (0 if colocate else spec.rollout.gpus)
-        if train_gpus < 1:
+        train_ranks = spec.resources.total_gpus - (0 if colocate else spec.rollout.gpus)
+        if train_ranks < 1:
             raise PlacementError(
                 f"no GPUs left for training: resources give {spec.resources.total_gpus} and rollout.gpus takes "
                 f"{spec.rollout.gpus}; raise resources.gpusPerNode or lower rollout.gpus"
             )
-        engines = train_gpus if colocate else spec.rollout.gpus
-        if spec.rollout.batch_size < engines:
-            raise PlacementError(
-                f"rollout.batchSize ({spec.rollout.batch_size}) is smaller than the number of rollout engines"
-                f" ({engines}), which share a step's prompts: raise it to at least {engines}"
-            )
-        cuda_ipc = colocate and spec.rollout.engine == EngineKind.TORCH  # SGLang's servers take IPC from the worker
-        return Layout(True, train_gpus, engines, colocate, spec.critic.enabled, cuda_ipc_weights=cuda_ipc)
-    return Layout(False, cpu_ranks, 1, colocate, spec.critic.enabled)
+        engines = train_ranks if colocate else spec.rollout.gpus
+        what = "resources.nodes * resources.gpusPerNode" + ("" if colocate else " - rollout.gpus")
+    else:
+        train_ranks, engines, what = cpu_ranks, 1, "--cpu-ranks"
+    actor = compute_role_layout(spec.training_role("actor"), bundles=train_ranks, what=what)
+    critic = (compute_role_layout(spec.training_role("critic"), bundles=train_ranks, what=what)
+              if spec.critic.enabled else None)
+    cuda_ipc = use_gpus and colocate and spec.rollout.engine == EngineKind.TORCH  # SGLang's servers take IPC from the worker
+    if cuda_ipc and actor.ranks != train_ranks:
+        raise PlacementError(
+            f"colocated Torch engines on GPUs take the weights from the actor rank on their GPU, and"
+            f" actor.parallelism.data leaves {train_ranks - actor.ranks} of the {train_ranks} GPUs without one:"
+            " leave actor.parallelism.data unset"
+        )
+    if use_gpus and spec.rollout.batch_size < engines:
+        raise PlacementError(
+            f"rollout.batchSize ({spec.rollout.batch_size}) is smaller than the number of rollout engines"
+            f" ({engines}), which share a step's prompts: raise it to at least {engines}"
+        )
+    return Layout(use_gpus, train_ranks, engines, colocate, spec.critic.enabled, actor=actor, critic=critic,
+                  cuda_ipc_weights=cuda_ipc)
 
 
 @dataclass
@@ -106,6 +167,7 @@ class Roles:
     actor: RoleGroup
     ref: RoleGroup
     critic: RoleGroup | None
+    weight_sync: WeightSync
     placement_groups: list[PlacementGroup] = field(default_factory=list)
 
     @property
@@ -113,21 +175,21 @@ class Roles:
         return [g for g in (self.rollout, self.actor, self.critic, self.ref) if g is not None]
 
     def sync_weights(self) -> None:
-        """New actor weights to every engine. Colocated torch engines on GPUs: engine i copies them from
-        actor rank i on its GPU (CUDA IPC); otherwise colocated: through Ray from rank 0; Disaggregated:
-        over the weight-update group (the engines wake first to take them). Every actor rank takes the turn."""
-        if self.layout.cuda_ipc_weights:
-            shared = self.actor.call("share_weights")
-            try:
-                ray.get([engine.update_weights_shared.remote(s) for engine, s in zip(self.rollout.handles, shared)])
-            finally:
-                self.actor.call("release_weights")
-        elif self.layout.colocate:
-            exported = self.actor.async_call("export_weights")
-            ray.get([engine.update_weights.remote(exported[0]) for engine in self.rollout.handles] + list(exported))
-        else:
-            self.rollout.call("wake")
-            self.actor.call("broadcast_weights")
+        """New actor weights to every engine, by the path chosen from the layout (`roles/weight_sync.py`)."""
+        self.weight_sync.sync()
+
+    def values_for_actor(self, values: PerRank) -> PerRank:
+        """For each actor rank, the refs (one per critic rank, as the critic's train returned them) of
+        the critic data ranks that hold its samples: the first model-parallel rank of each."""
+        return route(values, source=self.layout.critic, target=self.layout.actor)
+
+    def log_probs_for_critic(self, old_log_probs: PerRank, ref_log_probs: PerRank) -> PerRank:
+        """For each critic rank, the actor's then the reference's log-probs refs of the actor data ranks
+        that hold its samples (in `ranks_sharing_samples` order)."""
+        actor, critic = self.layout.actor, self.layout.critic
+        old = route(old_log_probs, source=actor, target=critic)
+        ref = route(ref_log_probs, source=actor, target=critic)
+        return PerRank(o + r for o, r in zip(old, ref, strict=True))
 
     def poll(self) -> tuple[list[Transition], dict[str, str]]:
         """Every rank's transitions since the last poll (in time order), and each role's state (rank 0's)."""
@@ -192,30 +254,34 @@ def build_roles(spec: PPOJobSpec, layout: Layout, *, timeout: float, builtin_sgl
         .remote(spec, rank=rank, device=layout.device, builtin_server=builtin_sglang_server)
         for rank in range(layout.rollout_engines)
     ]
-    share, ranks = layout.share(shared=True), range(layout.train_ranks)
-    common = {"world_size": layout.train_ranks, "device": layout.device, "offload": offload}
+    share = layout.share(shared=True)
     workers = None if layout.colocate else engines
 
-    def group(cls, role: str, **extra) -> RoleGroup:
+    def group(cls, role: str, ranks: int, **extra) -> RoleGroup:
+        common = {"world_size": ranks, "device": layout.device, "offload": offload}
         handles = [
             ray.remote(cls).options(**on(train_pg, rank, share)).remote(spec, rank=rank, **common, **extra)
-            for rank in ranks
+            for rank in range(ranks)
         ]
-        return RoleGroup(role, handles)
+        return RoleGroup(role, handles, cls)
 
+    actor, rollout = group(ActorWorker, "actor", layout.actor.ranks, rollout_workers=workers), RoleGroup(
+        "rollout", engines, RolloutWorker)
     roles = Roles(
         layout=layout,
-        rollout=RoleGroup("rollout", engines),
-        actor=group(ActorWorker, "actor", rollout_workers=workers),
-        ref=group(RefWorker, "ref"),
-        critic=group(CriticWorker, "critic") if layout.with_critic else None,
+        rollout=rollout,
+        actor=actor,
+        ref=group(RefWorker, "ref", layout.actor.ranks),
+        critic=group(CriticWorker, "critic", layout.critic.ranks) if layout.critic is not None else None,
+        weight_sync=build_weight_sync(cuda_ipc=layout.cuda_ipc_weights, colocate=layout.colocate, actor=actor,
+                                      rollout=rollout),
         placement_groups=pgs,
     )
     try:
         ray.get([h.state.remote() for g in roles.groups for h in g.handles])  # constructors done
-        for group in (roles.actor, roles.critic, roles.ref):
-            if group is not None:
-                group.setup_process_group()
+        for role_group in (roles.actor, roles.critic, roles.ref):
+            if role_group is not None:
+                role_group.setup_process_group()
     except BaseException:
         roles.shutdown()  # no server or placement group outlives a failed build
         raise

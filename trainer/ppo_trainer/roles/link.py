@@ -10,11 +10,12 @@ Names, shapes and dtypes travel through Ray; the tensors travel through the grou
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import ray
 
-from ppo_trainer.rollout.weight_sync import DistributedWeightSync
+from ppo_trainer.rollout.weight_sync import DistributedWeightSync, WeightSyncTarget
 
 
 def node_ip() -> str:
@@ -22,39 +23,45 @@ def node_ip() -> str:
     return ray.util.get_node_ip_address()
 
 
+def _on_engine_end(worker: Any, method: Callable, kwargs: dict[str, Any]) -> Any:
+    """Runs inside the rollout worker's process: `method` of `WeightSyncTarget` on the worker's end."""
+    return getattr(worker.weight_sync, method.__name__)(**kwargs)
+
+
 class RayWorkerTarget:
-    """A `WeightSyncTarget` over a rollout worker's Ray handle (roles/rollout.py:RolloutWorker)."""
+    """A `WeightSyncTarget` over a rollout worker's Ray handle (roles/rollout.py:RolloutWorker): each
+    call runs on the worker's `weight_sync`, in its process (Ray's `__ray_call__`)."""
 
     def __init__(self, handle: Any) -> None:
         self.handle = handle
         self._ranks: int | None = None
 
+    def _call(self, method: Callable, **kwargs: Any) -> Any:
+        return ray.get(self.handle.__ray_call__.remote(_on_engine_end, method, kwargs))
+
     @property
     def ranks(self) -> int:
         if self._ranks is None:
-            self._ranks = int(ray.get(self.handle.weight_sync_ranks.remote()))
+            self._ranks = int(ray.get(self.handle.__ray_call__.remote(lambda worker: worker.weight_sync.ranks)))
         return self._ranks
 
-    def _call(self, method: str, **kwargs: Any) -> None:
-        ray.get(getattr(self.handle, method).remote(**kwargs))
-
     def init_weights_update_group(self, **kwargs: Any) -> None:
-        self._call("init_weights_update_group", **kwargs)
+        self._call(WeightSyncTarget.init_weights_update_group, **kwargs)
 
     def update_weights_from_distributed(self, **kwargs: Any) -> None:
-        self._call("update_weights_from_distributed", **kwargs)
+        self._call(WeightSyncTarget.update_weights_from_distributed, **kwargs)
 
     def destroy_weights_update_group(self, **kwargs: Any) -> None:
-        self._call("destroy_weights_update_group", **kwargs)
+        self._call(WeightSyncTarget.destroy_weights_update_group, **kwargs)
 
     def pause_generation(self) -> None:
-        self._call("pause_generation")
+        self._call(WeightSyncTarget.pause_generation)
 
     def flush_cache(self) -> None:
-        self._call("flush_cache")
+        self._call(WeightSyncTarget.flush_cache)
 
     def continue_generation(self) -> None:
-        self._call("continue_generation")
+        self._call(WeightSyncTarget.continue_generation)
 
 
 def build_weight_sync(workers: list[Any], *, backend: str) -> DistributedWeightSync:

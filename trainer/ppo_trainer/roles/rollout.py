@@ -9,9 +9,10 @@ worker launches on its bundle (`rollout/sglang/launcher.py`) and drives through
 arrive either as a dict of CPU tensors through Ray (Colocate; SGLang then loads them with
 /update_weights_from_tensor) or over the actor's weight-update group (Disaggregated): the worker
 answers the group's calls (`WeightSyncTarget`) with its engine's end of the group, the SGLang
-server's over HTTP or a `WeightsReceiver` for the torch engine, so one handshake serves both.
-`merge_batches` joins the engines' parts into one batch. Must not depend on Ray except through
-`roles/link.py`.
+server's over HTTP or a `WeightsReceiver` for the torch engine, so one handshake serves both; the
+actor reaches it through `roles/link.py`, which runs each call on `weight_sync` inside this
+worker's process.
+Must not depend on Ray except through `roles/link.py`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from ppo_trainer.batch import RolloutBatch
 from ppo_trainer.data import Prompt
@@ -87,33 +87,6 @@ def _launch_sglang(spec: PPOJobSpec, *, device: str, rank: int, pad_token_id: in
         servers=[server.client()], pad_token_id=pad_token_id, tensor_parallel=spec.rollout.tensor_parallel
     )
     return BuiltEngine(engine=engine, weight_sync=engine, servers=[server])
-
-
-def merge_batches(parts: list[RolloutBatch]) -> RolloutBatch:
-    """One batch from the engines' parts: prompts re-padded on the left, responses on the right.
-
-    New padding holds token 0 with attention mask 0, so no model ever attends to it."""
-    if len(parts) == 1:
-        return parts[0]
-    prompt_len = max(p.prompt_length for p in parts)
-    response_len = max(p.response_length for p in parts)
-
-    def pad(part: RolloutBatch, tensor: torch.Tensor, value: float, sequence: bool) -> torch.Tensor:
-        if not sequence:
-            return F.pad(tensor, (0, response_len - part.response_length), value=value)
-        left, right = prompt_len - part.prompt_length, response_len - part.response_length
-        return F.pad(tensor, (left, right), value=value)
-
-    return RolloutBatch(
-        tokens=torch.cat([pad(p, p.tokens, 0, True) for p in parts]),
-        attention_mask=torch.cat([pad(p, p.attention_mask, 0, True) for p in parts]),
-        response_mask=torch.cat([pad(p, p.response_mask, 0.0, False) for p in parts]),
-        prompt_length=prompt_len,
-        rollout_log_probs=torch.cat([pad(p, p.rollout_log_probs, 0.0, False) for p in parts]),
-        scores=torch.cat([p.scores for p in parts]),
-        prompts=[text for p in parts for text in p.prompts],
-        responses=[text for p in parts for text in p.responses],
-    )
 
 
 class RolloutWorker:
@@ -200,28 +173,3 @@ class RolloutWorker:
         self.wake()
         self.engine.update_weights(open_shared_weights(shared, self.device))
         torch.cuda.synchronize()
-
-    # Disaggregated: this engine's end of the actor's weight-update group (a WeightSyncTarget).
-    def weight_sync_ranks(self) -> int:
-        return self.weight_sync.ranks
-
-    def init_weights_update_group(self, **group: Any) -> None:
-        self.weight_sync.init_weights_update_group(**group)
-
-    def update_weights_from_distributed(
-        self, *, names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str
-    ) -> None:
-        self.residency.require_awake("take new weights")
-        self.weight_sync.update_weights_from_distributed(names=names, dtypes=dtypes, shapes=shapes, group_name=group_name)
-
-    def destroy_weights_update_group(self, *, group_name: str) -> None:
-        self.weight_sync.destroy_weights_update_group(group_name=group_name)
-
-    def pause_generation(self) -> None:
-        self.weight_sync.pause_generation()
-
-    def flush_cache(self) -> None:
-        self.weight_sync.flush_cache()
-
-    def continue_generation(self) -> None:
-        self.weight_sync.continue_generation()

@@ -2,7 +2,8 @@
 
 Prompts are left-padded to P so that every row's next token goes to the same column; position
 ids count real tokens only (from the attention mask), so padding never shifts a row's positions
-and a row's log-probs do not depend on how much it was padded. Training passes re-lay rows out
+and a row's log-probs do not depend on how much it was padded; `merge_batches` joins the engines'
+parts into the step's batch, re-padded the same way. Training passes re-lay rows out
 (`aligned_rows`): each row's real tokens start at column 0, so plain causal attention needs no
 padding mask (and takes the fused attention kernels). Depends on torch and the batch records only
 (no model, no engine).
@@ -14,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from ppo_trainer.batch import RolloutBatch
 from ppo_trainer.rollout.base import Generation
@@ -38,6 +40,33 @@ def left_pad(prompts: Sequence[Sequence[int]], *, pad_id: int) -> tuple[torch.Te
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     """[B, L] mask -> [B, L] positions: 0 at each row's first real token, counting real tokens only."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def merge_batches(parts: list[RolloutBatch]) -> RolloutBatch:
+    """One batch from the engines' parts: prompts re-padded on the left, responses on the right.
+
+    New padding holds token 0 with attention mask 0, so no model ever attends to it."""
+    if len(parts) == 1:
+        return parts[0]
+    prompt_len = max(p.prompt_length for p in parts)
+    response_len = max(p.response_length for p in parts)
+
+    def pad(part: RolloutBatch, tensor: torch.Tensor, value: float, sequence: bool) -> torch.Tensor:
+        if not sequence:
+            return F.pad(tensor, (0, response_len - part.response_length), value=value)
+        left, right = prompt_len - part.prompt_length, response_len - part.response_length
+        return F.pad(tensor, (left, right), value=value)
+
+    return RolloutBatch(
+        tokens=torch.cat([pad(p, p.tokens, 0, True) for p in parts]),
+        attention_mask=torch.cat([pad(p, p.attention_mask, 0, True) for p in parts]),
+        response_mask=torch.cat([pad(p, p.response_mask, 0.0, False) for p in parts]),
+        prompt_length=prompt_len,
+        rollout_log_probs=torch.cat([pad(p, p.rollout_log_probs, 0.0, False) for p in parts]),
+        scores=torch.cat([p.scores for p in parts]),
+        prompts=[text for p in parts for text in p.prompts],
+        responses=[text for p in parts for text in p.responses],
+    )
 
 
 def build_rollout_batch(

@@ -58,7 +58,7 @@ from ppo_trainer.backends.megatron.attention import layer_spec
 from ppo_trainer.backends.megatron.config import gpt_model_kwargs, transformer_config_kwargs
 from ppo_trainer.batch import RolloutBatch
 from ppo_trainer.distributed import GroupKey, find_process_groups, group_key, repoint_process_groups
-from ppo_trainer.models.builtin import resolve_dtype, resolve_model_dir, tiny_config
+from ppo_trainer.models.builtin import builtin_config, resolve_dtype, resolve_model_dir
 from ppo_trainer.rollout.layout import aligned_rows
 from ppojob_api.spec import ModelSpec
 
@@ -227,7 +227,7 @@ class MegatronBackend:
 
         directory = resolve_model_dir(model_spec.path)
         if directory is None:
-            hf_config = tiny_config()
+            hf_config = builtin_config(model_spec.path)
         else:
             from transformers import AutoConfig
 
@@ -235,7 +235,7 @@ class MegatronBackend:
         if hf_config.vocab_size % tensor_parallel:
             raise ValueError(
                 f"the model's vocabulary ({hf_config.vocab_size} tokens) does not split evenly over"
-                f" actor.parallelism.tensor={tensor_parallel}: pad it to a multiple (resize_token_embeddings)"
+                f" {role}'s parallelism.tensor={tensor_parallel} (actor.parallelism or critic.parallelism): pad it to a multiple (resize_token_embeddings)"
                 " or choose a tensor-parallel size that divides it"
             )
         self.shape = conversion.Shape.from_hf_config(hf_config, value_head=self.is_value_model)

@@ -197,7 +197,7 @@ def stage_layers(num_layers: int, *, stage: int, stages: int) -> range:
     """The global indices of the layers pipeline stage `stage` of `stages` holds (an even split)."""
     if num_layers % stages:
         raise ValueError(
-            f"the model's {num_layers} layers do not split evenly over actor.parallelism.pipeline={stages}:"
+            f"the model's {num_layers} layers do not split evenly over parallelism.pipeline={stages} (actor.parallelism or critic.parallelism):"
             f" choose a pipeline size that divides {num_layers}"
         )
     per_stage = num_layers // stages

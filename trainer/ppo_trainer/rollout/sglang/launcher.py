@@ -184,7 +184,7 @@ def bundle_gpu_ids() -> list[int]:
 
 def resolve_sglang_model_path(spec: PPOJobSpec) -> str:
     """The Hugging Face directory SGLang loads for `spec.model.path`."""
-    from ppo_trainer.models.builtin import resolve_model_dir
+    from ppo_trainer.models.sources import resolve_model_dir
 
     directory = resolve_model_dir(spec.model.path)
     if directory is None:
