@@ -1,33 +1,49 @@
-"""The product's own PPO loop on the GPU issue's workload: `train.run` through Ray, stage by stage.
+"""The product's own PPO loop on the GPU issue's workloads: `train.run_on` through Ray, stage by stage.
 
 `gpu_ppo_step.py` drives the role classes in one process to time every transition; this script
 runs what a PPOJob runs: Ray actors for the rollout engine, actor, critic and reference,
 colocated on the GPUs (fractional bundles), offload on, the critic's values handed to the actor
-through the object store. Same model as the step bench (Qwen2.5-0.5B shape, random weights,
-bf16), 256 prompts of about 100 tokens (byte tokenizer: one token a character), up to 512 new
-tokens, reward `Synthetic`. Prints each step's seconds and stages (train.py's timer) per backend
-and writes loop.json into --out.
+through the object store. Workload A is the Qwen2.5-0.5B shape, workload B the Qwen2.5-3B shape
+(`gpu_workloads.py`), random bf16 weights; 256 prompts of about 100 tokens (byte tokenizer: one
+token a character), up to 512 new tokens, reward `Synthetic`. The same call measures the
+ceilings (bf16 matmul, pinned copies). Inside each role's process `gpu_loop_probe` times the
+backend's and engine's calls (training passes' FLOPs, generation, every offload and onload with
+its bytes) and the device memory each role reaches awake; an NVML sampler reads each process's
+device memory, and after the last step every role is put to sleep to read what all of them hold
+asleep. `--restart` runs each backend twice on one checkpoint directory: a cold start, then a
+resumed job in fresh processes, with the compile caches where `compile_cache` places them.
+Steps after the first are averaged (the first compiles). Writes loop.json into --out.
 
     python3 bench/gpu_ppo_loop.py --out $OUT/loop --steps 4 --backends Torch,Megatron
+    python3 bench/gpu_ppo_loop.py --out $OUT/loop --models qwen2.5-3b --micro-batch-size 16 --steps 3
+    python3 bench/gpu_ppo_loop.py --out $OUT/restart --backends Torch --steps 2 --restart
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
+import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
+import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 sys.path[:0] = [str(ROOT), str(ROOT.parent / "trainer"), str(ROOT.parent / "api")]
 
-from gpu_ppo_step import make_checkpoint
+import gpu_loop_probe
+from gpu_workloads import MODELS
 
+from ppo_trainer.reporting import Recorder
 from ppojob_api.spec import parse_spec
+
+GB = 1e9
 
 
 def write_prompts(path: Path, count: int, length: int, seed: int) -> None:
@@ -42,53 +58,206 @@ def write_prompts(path: Path, count: int, length: int, seed: int) -> None:
             out.write(json.dumps({"prompt": text[:target]}) + "\n")
 
 
-def run_loop(backend: str, args: argparse.Namespace, model: Path, prompts: Path) -> dict:
-    import ray
+class StepClock(Recorder):
+    """A Recorder that also notes when each step ended (wall clock, as the probes' records) and
+    prints the step's line as it ends (a run cut short by its time limit still says how far it got)."""
 
-    from ppo_trainer.reporting import Recorder
-    from ppo_trainer.train import run
+    def __init__(self) -> None:
+        super().__init__()
+        self.step_ends: list[float] = []
 
+    def event(self, kind: str, **fields) -> None:
+        super().event(kind, **fields)
+        if kind == "step":
+            self.step_ends.append(time.time())
+            print(f"  {fields['line']} | stages " + ", ".join(f"{k} {v:.2f}" for k, v in fields["stage_seconds"].items()),
+                  flush=True)
+
+
+class MemorySampler:
+    """Every `period` seconds, NVML's device memory in use by each process and in all (peaks kept)."""
+
+    def __init__(self, period: float = 0.05) -> None:
+        import pynvml
+
+        pynvml.nvmlInit()
+        self.nvml, self.period = pynvml, period
+        self.handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        self.peak_by_pid: dict[int, int] = {}
+        self.peak_used = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def now(self) -> dict[int, int]:
+        return {p.pid: int(p.usedGpuMemory or 0) for p in self.nvml.nvmlDeviceGetComputeRunningProcesses(self.handle)}
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            for pid, used in self.now().items():
+                self.peak_by_pid[pid] = max(self.peak_by_pid.get(pid, 0), used)
+            self.peak_used = max(self.peak_used, int(self.nvml.nvmlDeviceGetMemoryInfo(self.handle).used))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def build_spec(backend: str, args: argparse.Namespace, model: Path, prompts: Path, *, steps: int,
+               checkpoint_interval: int) -> object:
     parallelism = {"tensor": args.tensor, "pipeline": args.pipeline}
-    spec = parse_spec({
+    return parse_spec({
         "image": "bench", "seed": 1,
         "model": {"path": str(model), "tokenizer": "builtin:tiny", "dtype": "bfloat16"},
         "actor": {"backend": backend, "microBatchSize": args.micro_batch_size, "learningRate": 1e-6,
                   "parallelism": parallelism},
         "critic": {"parallelism": parallelism},
         "rollout": {"batchSize": args.prompts, "maxNewTokens": args.max_new_tokens, "temperature": 1.0},
-        "ppo": {"numRollouts": args.steps, "numCriticOnlySteps": 0, "epochs": 1},
+        "ppo": {"numRollouts": steps, "numCriticOnlySteps": 0, "epochs": 1},
         "data": {"prompts": str(prompts)},
         "offload": {"train": True, "rollout": True, "processGroups": args.process_groups},
-        "checkpoint": {"interval": 0},
-        "resources": {"nodes": 1, "gpusPerNode": args.gpus},
+        "checkpoint": {"interval": checkpoint_interval},
+        "resources": {"nodes": 1, "gpusPerNode": max(args.gpus, 1)},
     })
+
+
+def run_loop(backend: str, config: dict, args: argparse.Namespace, model: Path, prompts: Path, *,
+             steps: int, checkpoint_dir: Path | None, resume: bool, env: dict[str, str],
+             ceiling: float | None, pinned: dict | None) -> dict:
+    """One job (fresh Ray, fresh processes) through `run_on`, probed, that runs `steps` steps (after
+    the checkpoint's when resuming: the job is then 2 x `steps` long); its figures."""
+    import ray
+
+    from ppo_trainer.roles.build import build_roles, compute_layout
+    from ppo_trainer.train import run_on
+
+    spec = build_spec(backend, args, model, prompts, steps=steps * (2 if resume else 1),
+                      checkpoint_interval=steps if checkpoint_dir else 0)
+    # Ray's workers inherit this environment: the bench's modules (the probe) and the compile caches.
+    saved = dict(os.environ)
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT.parent / "trainer"), str(ROOT.parent / "api"),
+                                                os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    os.environ.update(env)
     ray.init(num_gpus=args.gpus, include_dashboard=False, logging_level="WARNING",
              _temp_dir=tempfile.mkdtemp(prefix="ppo-loop-ray-"))
     started = time.perf_counter()
+    sampler = MemorySampler() if args.gpus else None
+    clock = StepClock()
     try:
-        state = run(spec, reporter=Recorder(), checkpoint_dir=None, resume=False, use_gpus=True)
+        roles = build_roles(spec, compute_layout(spec, use_gpus=args.gpus > 0),
+                            timeout=spec.scheduling.schedule_timeout_seconds)
+        try:
+            handles = [h for g in roles.groups for h in g.handles]
+            ray.get([h.__ray_call__.remote(gpu_loop_probe.install, config) for h in handles])
+            build_seconds = time.perf_counter() - started
+            state = run_on(roles, spec, reporter=clock, checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None,
+                           resume=resume)
+            processes = ray.get([h.__ray_call__.remote(gpu_loop_probe.collect) for h in handles])
+            for group in roles.groups:  # every role asleep: what the job holds between its turns
+                group.call("sleep")
+            time.sleep(0.5)
+            asleep = ray.get([h.__ray_call__.remote(gpu_loop_probe.collect) for h in handles])
+            nvml_asleep = sampler.now() if sampler else {}
+        finally:
+            roles.shutdown()
     finally:
+        if sampler:
+            sampler.stop()
         ray.shutdown()
-    steps = [{"seconds": h["seconds"], "stages": h["stage_seconds"], "tokens": h["response_tokens"]}
-             for h in state.history]
-    for index, step in enumerate(steps):
+        os.environ.clear()
+        os.environ.update(saved)
+    history = state.history[-steps:] if resume else state.history
+    step_list = [{"seconds": h["seconds"], "stages": h["stage_seconds"], "tokens": h["response_tokens"]} for h in history]
+    for index, step in enumerate(step_list):
         stages = ", ".join(f"{k} {v:.2f}" for k, v in step["stages"].items())
         print(f"[{backend}] step {index}: {step['seconds']:.2f} s, {step['tokens']} tokens; {stages}", flush=True)
-    measured = steps[1:] or steps  # step 0 compiles and warms up
+    measured = step_list[1:] or step_list
+    first_end = clock.step_ends[0] if len(step_list) > 1 else 0.0
+    after_first = [p | {"records": [r for r in p["records"] if r["time"] > first_end]} for p in processes]
+    probe = gpu_loop_probe.summarize(after_first, ceiling_tflops=ceiling, pinned=pinned, steps=len(measured))
+    roles_memory = {}
+    for p, a in zip(processes, asleep):
+        entry = roles_memory.setdefault(p["role"], {})
+        entry["rss_bytes"] = p["rss_bytes"]
+        entry["compile_seconds"] = p["compile_seconds"]
+        if sampler:
+            entry["nvml_peak_bytes"] = sampler.peak_by_pid.get(p["pid"], 0)
+            entry["nvml_asleep_bytes"] = nvml_asleep.get(p["pid"], 0)
+            entry["reserved_asleep_bytes"] = a.get("reserved_now", 0)
     return {
-        "backend": backend, "wall_seconds": time.perf_counter() - started, "steps": steps,
+        "backend": backend, "wall_seconds": time.perf_counter() - started, "build_seconds": build_seconds,
+        "steps": step_list, "first_step_seconds": step_list[0]["seconds"],
         "step_seconds": statistics.mean(s["seconds"] for s in measured),
         "stage_seconds": {k: statistics.mean(s["stages"][k] for s in measured) for k in measured[0]["stages"]},
         "tokens_per_step": statistics.mean(s["tokens"] for s in measured),
+        "probe": probe, "roles": roles_memory,
+        "device_peak_used_bytes": sampler.peak_used if sampler else None,
+        "all_asleep_nvml_bytes": sum(nvml_asleep.values()),
     }
+
+
+def measure_ceilings() -> tuple[float, dict]:
+    import torch
+
+    from gpu_ppo_step import bf16_ceiling, pinned_bandwidth
+
+    ceiling, pinned = bf16_ceiling(), pinned_bandwidth()
+    torch.cuda.empty_cache()
+    return ceiling, pinned
+
+
+def table(results: list[dict], ceiling: float | None, pinned: dict | None) -> str:
+    lines = []
+    if ceiling:
+        lines.append(f"ceilings: bf16 matmul {ceiling:.0f} TFLOP/s; pinned copy {pinned['to_device']:.1f} GB/s to device, "
+                     f"{pinned['to_host']:.1f} GB/s to host")
+    heads = [f"{r['model']} {r['backend']}{' restart' if r.get('restarted') else ''}" for r in results]
+    width = max(24, *(len(h) + 2 for h in heads))
+    lines.append(f"{'(per step, steps 2..)':44}" + "".join(f"{h:>{width}}" for h in heads))
+
+    def row(label: str, cell) -> None:
+        values = []
+        for r in results:
+            try:
+                values.append(cell(r))
+            except (KeyError, TypeError, ZeroDivisionError):
+                values.append("-")
+        lines.append(f"{label:44}" + "".join(f"{v:>{width}}" for v in values))
+
+    for stage in dict.fromkeys(k for r in results for k in r["stage_seconds"]):
+        row(f"stage {stage} s", lambda r: f"{r['stage_seconds'][stage]:.2f}")
+    row("step s", lambda r: f"{r['step_seconds']:.2f}")
+    row("first step s", lambda r: f"{r['first_step_seconds']:.2f}")
+    row("compile s (all roles, whole run)", lambda r: f"{sum(v['compile_seconds'] for v in r['roles'].values()):.1f}")
+    row("generated tokens per step", lambda r: f"{r['tokens_per_step']:,.0f}")
+    row("generate tokens/s (engine call)", lambda r: f"{r['probe']['generate_tokens_per_s']:,.0f}")
+    row("training passes, share of bf16 ceiling", lambda r: f"{r['probe']['training_mfu']:.1%}")
+    for name in dict.fromkeys(n for r in results for n in r["probe"]["passes"]):
+        row(f"  {name} s / mfu", lambda r: f"{r['probe']['passes'][name]['seconds']:.2f} / {r['probe']['passes'][name]['mfu']:.0%}")
+    for name in dict.fromkeys(n for r in results for n in r["probe"]["transfers"]):
+        row(f"  {name} GB, GB/s, of pinned", lambda r: (
+            f"{r['probe']['transfers'][name]['bytes'] / GB:.1f} {r['probe']['transfers'][name]['gb_per_s']:.0f} "
+            f"{r['probe']['transfers'][name]['share_of_pinned']:.0%}"))
+    for role in dict.fromkeys(k for r in results for k in r["roles"]):
+        row(f"  {role} awake peak GB (alloc/reserved/nvml)", lambda r: (
+            f"{r['probe']['peak_awake_bytes'][role]['allocated'] / GB:.1f}/"
+            f"{r['probe']['peak_awake_bytes'][role]['reserved'] / GB:.1f}/{r['roles'][role]['nvml_peak_bytes'] / GB:.1f}"))
+    for role in dict.fromkeys(k for r in results for k in r["roles"]):
+        row(f"  {role} asleep GB (nvml)", lambda r: f"{r['roles'][role]['nvml_asleep_bytes'] / GB:.2f}")
+    row("all roles asleep GB (nvml)", lambda r: f"{r['all_asleep_nvml_bytes'] / GB:.2f}")
+    row("device peak in use GB (nvml)", lambda r: f"{r['device_peak_used_bytes'] / GB:.1f}")
+    row("host pinned GB (parked state, all roles)", lambda r: f"{r['probe']['parked_bytes_total'] / GB:.1f}")
+    row("host resident GB (all roles' RSS)", lambda r: f"{sum(v['rss_bytes'] for v in r['roles'].values()) / GB:.1f}")
+    return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--models", default="qwen2.5-0.5b", help=f"comma-separated, of {', '.join(MODELS)}")
     parser.add_argument("--steps", type=int, default=4, help="PPO steps per backend; the first is warm-up")
     parser.add_argument("--backends", default="Torch,Megatron")
-    parser.add_argument("--gpus", type=int, default=1)
+    parser.add_argument("--gpus", type=int, default=1, help="0: a dry run on the CPU (Torch only)")
     parser.add_argument("--prompts", type=int, default=256)
     parser.add_argument("--prompt-length", type=int, default=100)
     parser.add_argument("--max-new-tokens", type=int, default=512)
@@ -97,21 +266,46 @@ def main() -> None:
     parser.add_argument("--pipeline", type=int, default=1, help="Megatron's pipeline-parallel size")
     parser.add_argument("--process-groups", action=argparse.BooleanOptionalAction, default=True,
                         help="offload.processGroups: destroy and rebuild the roles' process groups around sleep")
+    parser.add_argument("--restart", action="store_true",
+                        help="each backend twice on one checkpoint directory: cold, then resumed in fresh processes")
     args = parser.parse_args()
+    from ppo_trainer.compile_cache import compile_cache_dir, compile_cache_env
+
     args.out.mkdir(parents=True, exist_ok=True)
+    ceiling, pinned = measure_ceilings() if args.gpus else (None, None)
+    if ceiling:
+        print(f"bf16 ceiling {ceiling:.0f} TFLOP/s, pinned {pinned}", flush=True)
     work = Path(tempfile.mkdtemp(prefix="ppo-loop-"))
-    make_checkpoint(work / "model", seed=0)
     write_prompts(work / "prompts.jsonl", args.prompts, args.prompt_length, seed=0)
+    from gpu_ppo_step import make_checkpoint
+
     results = []
-    for backend in args.backends.split(","):
-        results.append(run_loop(backend, args, work / "model", work / "prompts.jsonl"))
-        (args.out / "loop.json").write_text(json.dumps({"args": vars(args) | {"out": str(args.out)},
-                                                        "results": results}, indent=1))
-    print(f"{'stage (s per step, steps 1..)':40}" + "".join(f"{r['backend']:>12}" for r in results))
-    for stage in results[0]["stage_seconds"]:
-        print(f"{stage:40}" + "".join(f"{r['stage_seconds'].get(stage, float('nan')):12.3f}" for r in results))
-    print(f"{'step seconds (target < 8)':40}" + "".join(f"{r['step_seconds']:12.2f}" for r in results))
-    print(f"{'generated tokens per step':40}" + "".join(f"{r['tokens_per_step']:12.0f}" for r in results))
+    for model_name in args.models.split(","):
+        config = MODELS[model_name]
+        model_dir = work / model_name
+        make_checkpoint(model_dir, seed=0, config=config)
+        for backend in args.backends.split(","):
+            runs = [(False, args.steps)] + ([(True, args.steps)] if args.restart else [])
+            checkpoints = work / f"checkpoints-{model_name}-{backend}" if args.restart else None
+            env = compile_cache_env(compile_cache_dir(checkpoints, environ={})) if checkpoints else {}
+            for resume, steps in runs:
+                try:
+                    result = run_loop(backend, config, args, model_dir, work / "prompts.jsonl",
+                                      steps=steps, checkpoint_dir=checkpoints, resume=resume,
+                                      env=env, ceiling=ceiling, pinned=pinned)
+                except Exception:  # keep the other runs' figures; the traceback says what failed
+                    traceback.print_exc()
+                    break
+                results.append(result | {"model": model_name, "restarted": resume})
+                (args.out / "loop.json").write_text(json.dumps(
+                    {"args": vars(args) | {"out": str(args.out)}, "ceiling_tflops": ceiling, "pinned_gb_per_s": pinned,
+                     "results": results}, indent=1))
+                print(f"[{model_name} {backend}{' restart' if resume else ''}] step {result['step_seconds']:.2f} s, "
+                      f"first {result['first_step_seconds']:.2f} s, wall {result['wall_seconds']:.0f} s", flush=True)
+        shutil.rmtree(model_dir)
+    text = table(results, ceiling, pinned)
+    (args.out / "loop.txt").write_text(text + "\n")
+    print(text)
 
 
 if __name__ == "__main__":

@@ -39,13 +39,10 @@ from ppo_trainer.rollout.layout import build_rollout_batch
 from ppo_trainer.rollout.torch_engine import TorchRolloutEngine
 from ppojob_api.spec import PPOJobSpec
 
-QWEN2_5_0_5B = {
-    "vocab_size": 151936, "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
-    "num_attention_heads": 14, "num_key_value_heads": 2, "max_position_embeddings": 32768,
-    "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
-    "bos_token_id": 151643, "eos_token_id": 151643,
-}
-EOS = 151643
+sys.path.insert(0, str(ROOT / "bench"))
+from gpu_workloads import EOS, MODELS, forward_flops as workload_flops
+
+QWEN2_5_0_5B = MODELS["qwen2.5-0.5b"]
 PUBLISHED_STEP_SECONDS = 65.0
 TARGETS = {"step_s": 8.0, "gen_tok_s": 40_000, "train_mfu": 0.45, "offload_share": 0.80, "handoff_share": 0.02}
 
@@ -87,15 +84,17 @@ def pinned_bandwidth(gib: float = 1.0, repeats: int = 5) -> dict[str, float]:
     return out
 
 
-def make_checkpoint(directory: Path, seed: int) -> None:
+def make_checkpoint(directory: Path, seed: int, config: dict = QWEN2_5_0_5B) -> None:
+    """A Hugging Face directory of a Qwen2 model of `config`'s shape, random bf16 weights drawn from `seed`."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    with torch.device("cuda"):
-        model = Qwen2ForCausalLM(Qwen2Config(**QWEN2_5_0_5B))
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):  # the CPU for the loop bench's dry run
+        model = Qwen2ForCausalLM(Qwen2Config(**config))
     model.to(torch.bfloat16).save_pretrained(str(directory))
     del model
-    torch.cuda.empty_cache()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def make_prompts(count: int, mean_length: int, seed: int) -> list[list[int]]:
@@ -105,18 +104,9 @@ def make_prompts(count: int, mean_length: int, seed: int) -> list[list[int]]:
 
 
 def forward_flops(batch, *, policy: bool) -> float:
-    """Model FLOPs of one forward pass over the batch's real tokens (attention causal, output
-    layer on the response positions only)."""
-    c = QWEN2_5_0_5B
-    h, heads, kv, ffn = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"], c["intermediate_size"]
-    d = h // heads
-    per_layer = h * (heads + 2 * kv) * d + heads * d * h + 3 * h * ffn
-    lengths = batch.attention_mask.sum(dim=1).double()
-    responses = float(batch.response_mask.sum())
-    dense = 2 * float(lengths.sum()) * c["num_hidden_layers"] * per_layer
-    attention = 2 * float((lengths**2).sum()) * heads * d * c["num_hidden_layers"]
-    head = 2 * responses * h * (c["vocab_size"] if policy else 1)
-    return dense + attention + head
+    """Model FLOPs of one forward pass over the batch's real tokens (`gpu_workloads.forward_flops`)."""
+    return workload_flops(QWEN2_5_0_5B, attention_mask=batch.attention_mask, response_mask=batch.response_mask,
+                          policy=policy)
 
 
 class Recorder:
