@@ -170,6 +170,11 @@ def test_metrics_service_is_optional(render):
     assert service["spec"]["ports"][0]["port"] == 9090
     (deployment,) = by_kind(objects, "Deployment")
     assert "--metrics-port=9090" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "annotations" not in service["metadata"]
+    (annotated,) = by_kind(render("metrics.enabled=true", "metrics.scrapeAnnotations=true", "metrics.port=9100"), "Service")
+    assert annotated["metadata"]["annotations"] == {
+        "prometheus.io/scrape": "true", "prometheus.io/port": "9100", "prometheus.io/path": "/metrics"}
+    assert annotated["spec"]["ports"][0]["port"] == 9100
 
 
 def test_the_operators_requests_get_a_priority_level_of_their_own(render):
