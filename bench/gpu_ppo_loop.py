@@ -287,6 +287,7 @@ def main() -> None:
         for backend in args.backends.split(","):
             runs = [(False, args.steps)] + ([(True, args.steps)] if args.restart else [])
             checkpoints = work / f"checkpoints-{model_name}-{backend}" if args.restart else None
+            # The default placement (under the checkpoint directory), never an override: the cold run stays cold.
             env = compile_cache_env(compile_cache_dir(checkpoints, environ={})) if checkpoints else {}
             for resume, steps in runs:
                 try:
