@@ -30,6 +30,7 @@ from ppojob_api.vocabulary import (
     RewardType,
     RolloutCorrection,
     RolloutEngine,
+    Schedule,
     TrainBackend,
 )
 
@@ -149,10 +150,17 @@ class PPOSpec(_Model):
     """How the policy, value and entropy losses reduce over the batch's tokens."""
     rollout_correction: RolloutCorrectionSpec = RolloutCorrectionSpec()
     custom_advantage_function: str | None = Field(None, pattern=r"^[^:]+:[A-Za-z_][A-Za-z0-9_]*$")
+    schedule: Schedule = Schedule.SYNCHRONOUS
+    """OneStepOverlap: the engines generate step n+1 while step n trains (one step off-policy)."""
 
     def is_critic_only_step(self, step: int) -> bool:
         """Steps 0 .. numCriticOnlySteps-1 train the critic alone."""
         return step < self.num_critic_only_steps
+
+    def actor_updates_before(self, step: int) -> int:
+        """The policy updates the actor has made when step `step` starts (its weights' version):
+        one per step after the warm-up."""
+        return max(0, step - self.num_critic_only_steps)
 
 
 class OffloadSpec(_Model):
@@ -374,6 +382,22 @@ def parse_spec(raw: dict[str, Any] | None, *, root: str = "spec") -> PPOJobSpec:
     return spec
 
 
+OVERLAP_NEEDS_DISAGGREGATED = (
+    "ppo.schedule OneStepOverlap generates the next batch on the rollout engines while the current one trains, which"
+    " needs engines on GPUs of their own: set placement Disaggregated (and rollout.gpus > 0), or use ppo.schedule"
+    " Synchronous"
+)
+OVERLAP_KEEPS_ENGINES_AWAKE = (
+    "ppo.schedule OneStepOverlap keeps the rollout engines generating while training runs, so they never sleep:"
+    " set offload.rollout to false, or use ppo.schedule Synchronous"
+)
+OVERLAP_RATIO_IS_CORRECTED = (
+    "ppo.schedule OneStepOverlap takes the PPO ratio against the engines' own log-probs (the policy that generated"
+    " each sample), which already corrects for the rollout/training mismatch: set ppo.rolloutCorrection.type to"
+    " None, or use ppo.schedule Synchronous"
+)
+
+
 def check_semantics(spec: PPOJobSpec) -> list[str]:
     """Cross-field rules; the same ones the CRD states in CEL, with the same messages."""
     problems = []
@@ -417,6 +441,13 @@ def check_semantics(spec: PPOJobSpec) -> list[str]:
         for role in roles:
             if role.data is not None and role.data * role.model_parallel_size > training_gpus:
                 problems.append(layout_does_not_fit(role.field))
+    if ppo.schedule == Schedule.ONE_STEP_OVERLAP:
+        if spec.placement != Placement.DISAGGREGATED:
+            problems.append(OVERLAP_NEEDS_DISAGGREGATED)
+        if spec.offload.rollout:
+            problems.append(OVERLAP_KEEPS_ENGINES_AWAKE)
+        if ppo.rollout_correction.type != RolloutCorrection.NONE:
+            problems.append(OVERLAP_RATIO_IS_CORRECTED)
     if ppo.clip_eps_high is not None and ppo.clip_eps_high < ppo.clip_eps:
         problems.append(
             "ppo.clipEpsHigh must be at least ppo.clipEps (it widens the upper clip bound); remove it to use"

@@ -46,12 +46,15 @@ class Phase(str, enum.Enum):
 
 
 class Stage(str, enum.Enum):
-    """What the trainer is doing within a step."""
+    """What the trainer is doing within a step (ppo.schedule OneStepOverlap: two things at once, the
+    engines generating the next step's batch while a role trains on this one's)."""
 
     STARTING = "Starting"
     GENERATE = "Generate"
     CRITIC_TRAIN = "CriticTrain"
     ACTOR_TRAIN = "ActorTrain"
+    GENERATE_CRITIC_TRAIN = "Generate+CriticTrain"
+    GENERATE_ACTOR_TRAIN = "Generate+ActorTrain"
     WEIGHT_SYNC = "WeightSync"
     CHECKPOINT = "Checkpoint"
     DONE = "Done"
@@ -123,6 +126,14 @@ class RewardType(str, enum.Enum):
 class Placement(str, enum.Enum):
     COLOCATE = "Colocate"
     DISAGGREGATED = "Disaggregated"
+
+
+class Schedule(str, enum.Enum):
+    """When each step's batch is generated: after the previous step's weight sync (Synchronous), or
+    while the previous step trains, with the weights the engines hold (OneStepOverlap)."""
+
+    SYNCHRONOUS = "Synchronous"
+    ONE_STEP_OVERLAP = "OneStepOverlap"
 
 
 class RolloutEngine(str, enum.Enum):

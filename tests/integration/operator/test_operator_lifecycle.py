@@ -139,6 +139,13 @@ def test_kubectl_get_and_describe_while_warming_up(local_cluster, k8s_namespace,
         ({"resources": {"gpusPerNode": 3}, "actor": {"parallelism": {"tensor": 2}}, "critic": {"parallelism": {"tensor": 2}}},
          "must be a multiple of actor.parallelism.tensor * actor.parallelism.pipeline"),
         ({"ppo": {"clipEps": 0.2, "clipEpsHigh": 0.1}}, "ppo.clipEpsHigh must be at least ppo.clipEps"),
+        ({"ppo": {"schedule": "OneStepOverlap"}, "offload": {"rollout": False}},
+         "ppo.schedule OneStepOverlap generates the next batch on the rollout engines while the current one trains"),
+        ({"placement": "Disaggregated", "rollout": {"gpus": 1}, "ppo": {"schedule": "OneStepOverlap"},
+          "offload": {"rollout": True}}, "so they never sleep: set offload.rollout to false"),
+        ({"placement": "Disaggregated", "rollout": {"gpus": 1}, "offload": {"rollout": False},
+          "ppo": {"schedule": "OneStepOverlap", "rolloutCorrection": {"type": "TruncatedImportanceSampling"}}},
+         "ppo.schedule OneStepOverlap takes the PPO ratio against the engines' own log-probs"),
     ],
 )
 def test_each_cel_rule_rejects_with_its_message(local_cluster, ppojob_crd, k8s_namespace, spec, message):

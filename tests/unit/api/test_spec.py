@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
 
-from ppojob_api.spec import SpecError, check_semantics, parse_spec, to_manifest_dict
-from ppojob_api.vocabulary import LossAggregation, Placement, RolloutCorrection
+import pytest
+import yaml
+
+from ppojob_api.spec import (
+    OVERLAP_KEEPS_ENGINES_AWAKE,
+    OVERLAP_NEEDS_DISAGGREGATED,
+    OVERLAP_RATIO_IS_CORRECTED,
+    SpecError,
+    check_semantics,
+    parse_spec,
+    to_manifest_dict,
+)
+from ppojob_api.vocabulary import LossAggregation, Placement, RolloutCorrection, Schedule
+
+CRD = Path(__file__).resolve().parents[3] / "crds" / "ppojobs.ppojob.io.yaml"
 
 
 def make_spec(**sections):
@@ -109,3 +122,39 @@ def test_bad_loss_aggregation_and_rollout_correction_name_the_field_and_the_choi
     assert problems[0].startswith("spec.ppo.lossAggregation:") and "'SequenceMeanTokenMean'" in problems[0]
     assert problems[1].startswith("spec.ppo.rolloutCorrection.type:") and "'TruncatedImportanceSampling'" in problems[1]
     assert problems[2].startswith("spec.ppo.rolloutCorrection.cap:") and "greater than or equal to 1" in problems[2]
+
+
+OVERLAP = {"schedule": "OneStepOverlap"}
+DISAGGREGATED = {"placement": "Disaggregated", "rollout": {"gpus": 1}, "offload": {"rollout": False}}
+
+
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        ({"ppo": OVERLAP, "offload": {"rollout": False}}, OVERLAP_NEEDS_DISAGGREGATED),
+        ({**DISAGGREGATED, "ppo": OVERLAP, "offload": {"rollout": True}}, OVERLAP_KEEPS_ENGINES_AWAKE),
+        ({**DISAGGREGATED, "ppo": {**OVERLAP, "rolloutCorrection": {"type": "TruncatedImportanceSampling"}}},
+         OVERLAP_RATIO_IS_CORRECTED),
+    ],
+)
+def test_one_step_overlap_refuses_what_it_cannot_honour_with_the_crd_rules_message(raw, message):
+    assert problems_of(make_spec(**raw)) == [message]
+    # The CRD states the same rule in CEL, with the same message for the API server to return.
+    rules = yaml.safe_load(CRD.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert message in [rule.get("message") for rule in rules["x-kubernetes-validations"]]
+
+
+def test_one_step_overlap_on_colocate_names_the_placement_and_the_way_back():
+    (problem,) = problems_of(make_spec(ppo=OVERLAP, offload={"rollout": False}))
+    assert "set placement Disaggregated" in problem and "use ppo.schedule Synchronous" in problem
+
+
+def test_schedule_defaults_to_synchronous_and_overlap_parses_on_disaggregated():
+    assert parse_spec(make_spec()).ppo.schedule == Schedule.SYNCHRONOUS
+    spec = parse_spec(make_spec(**DISAGGREGATED, ppo=OVERLAP))
+    assert spec.ppo.schedule == Schedule.ONE_STEP_OVERLAP and check_semantics(spec) == []
+
+
+def test_actor_updates_before_a_step_count_the_steps_after_the_warm_up():
+    ppo = parse_spec(make_spec(ppo={"numRollouts": 6, "numCriticOnlySteps": 2})).ppo
+    assert [ppo.actor_updates_before(step) for step in range(7)] == [0, 0, 0, 1, 2, 3, 4]
