@@ -154,7 +154,7 @@ def run_loop(backend: str, config: dict, args: argparse.Namespace, model: Path, 
                            resume=resume)
             processes = ray.get([h.__ray_call__.remote(gpu_loop_probe.collect) for h in handles])
             for group in roles.groups:  # every role asleep: what the job holds between its turns
-                group.call("sleep")
+                group.call(group.worker_class.sleep)
             time.sleep(0.5)
             asleep = ray.get([h.__ray_call__.remote(gpu_loop_probe.collect) for h in handles])
             nvml_asleep = sampler.now() if sampler else {}

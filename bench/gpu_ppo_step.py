@@ -30,9 +30,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "trainer"), str(ROOT / "api")]
 
-from ppo_trainer.batch import CriticOutput
 from ppo_trainer.roles.actor import ActorWorker
 from ppo_trainer.roles.critic import CriticWorker
+from ppo_trainer.roles.handoff import CriticValues
 from ppo_trainer.roles.ref import RefWorker
 from ppo_trainer.rollout.base import SamplingParams
 from ppo_trainer.rollout.layout import build_rollout_batch
@@ -48,7 +48,9 @@ TARGETS = {"step_s": 8.0, "gen_tok_s": 40_000, "train_mfu": 0.45, "offload_share
 
 
 def sync() -> None:
-    torch.cuda.synchronize()
+    """Wait for the device's queued work (nothing to wait for while CUDA is unused: a CPU run)."""
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 def bf16_ceiling(n: int = 8192, repeats: int = 20) -> float:
@@ -134,13 +136,14 @@ class Recorder:
         setattr(obj, method, timed)
 
 
-def run_backend(kind: str, spec: PPOJobSpec, prompts: list[list[int]], steps: int) -> dict:
+def run_backend(kind: str, spec: PPOJobSpec, prompts: list[list[int]], steps: int, *, device: str = "cuda") -> dict:
+    """`steps` PPO steps of backend `kind` in this process; `device` "cpu": the wiring's dry run (Torch)."""
     spec = spec.model_copy(update={"actor": spec.actor.model_copy(update={"backend": kind})})
     recorder = Recorder()
     built = time.perf_counter()
-    engine = TorchRolloutEngine(model_spec=spec.model, device="cuda", seed=spec.seed, dtype=spec.model.dtype,
+    engine = TorchRolloutEngine(model_spec=spec.model, device=device, seed=spec.seed, dtype=spec.model.dtype,
                                 eos_token_id=EOS, pad_token_id=EOS)
-    common = {"rank": 0, "world_size": 1, "device": "cuda", "offload": True, "shared_process": True}
+    common = {"rank": 0, "world_size": 1, "device": device, "offload": True, "shared_process": True}
     actor, critic, ref = ActorWorker(spec, **common), CriticWorker(spec, **common), RefWorker(spec, **common)
     build_seconds = time.perf_counter() - built
     for worker, name in ((actor, "actor"), (critic, "critic"), (ref, "ref")):
@@ -165,9 +168,10 @@ def run_backend(kind: str, spec: PPOJobSpec, prompts: list[list[int]], steps: in
         engine.sleep()
         old_log_probs = actor.log_probs(batch)
         ref_log_probs = ref.log_probs(batch)
-        critic_output, _ = critic.train(batch, old_log_probs=old_log_probs, ref_log_probs=ref_log_probs, updates=1)
-        actor_stats = actor.train(batch, old_log_probs=old_log_probs, ref_log_probs=ref_log_probs,
-                                  external_data=critic_output, stay_awake=True)  # as train.py: the sync follows
+        # One rank each: the critic takes the actor's and the reference's log-probs of its one actor rank.
+        values, _ = critic.train(batch, old_log_probs, ref_log_probs, actor_data_size=1, updates=1)
+        actor_stats = actor.train(batch, values, old_log_probs=old_log_probs, ref_log_probs=ref_log_probs,
+                                  stay_awake=True)  # as train.py: the sync follows
         sync_started = time.perf_counter()
         engine.wake_up()
         with actor.turn("export weights"):
@@ -175,7 +179,7 @@ def run_backend(kind: str, spec: PPOJobSpec, prompts: list[list[int]], steps: in
         sync()
         sync_seconds = time.perf_counter() - sync_started
         step_seconds = time.perf_counter() - started
-        probe = wake_probe(engine)
+        probe = wake_probe(engine) if device.startswith("cuda") else {}
         stages: dict[str, dict] = {}
         for record in recorder.records:
             entry = stages.setdefault(record["stage"], {"seconds": 0.0, "calls": 0})
@@ -232,7 +236,7 @@ def wake_probe(engine) -> dict:
 
 
 def ray_handoff(rows: int, cols: int, repeats: int = 4) -> dict | None:
-    """Seconds for a CriticOutput of [rows, cols] values and returns to go from one Ray actor to
+    """Seconds for the CriticValues of [rows, cols] values and returns to go from one Ray actor to
     another as an ObjectRef argument (median after the first call), and for a tiny one."""
     try:
         import ray
@@ -244,12 +248,12 @@ def ray_handoff(rows: int, cols: int, repeats: int = 4) -> dict | None:
 
     @ray.remote
     class Critic:
-        def output(self, r: int, c: int) -> CriticOutput:
-            return CriticOutput(rank=0, values=torch.randn(r, c), returns=torch.randn(r, c))
+        def output(self, r: int, c: int) -> CriticValues:
+            return CriticValues(sample_ids=torch.arange(r), values=torch.randn(r, c), returns=torch.randn(r, c))
 
     @ray.remote
     class Actor:
-        def take(self, output: CriticOutput) -> float:
+        def take(self, output: CriticValues) -> float:
             return float(output.values[0, 0])
 
     critic, actor = Critic.remote(), Actor.remote()

@@ -92,9 +92,11 @@ def one_step(rank: int, world: int, micro_batch_size: int, aggregation: str | No
     old = actor.log_probs(batch)
     ref = old + ref_noise[shard_rows] * batch.response_mask[shard_rows]
     critic_grads = captured_gradient(critic)
-    critic_output, _ = critic.train(batch, old_log_probs=old, ref_log_probs=ref, updates=1)
+    # Both roles have `world` data ranks: rank r's samples are the same rows in each, so the critic
+    # takes rank r's log-probs and the actor rank r's values.
+    values, _ = critic.train(batch, old, ref, actor_data_size=world, updates=1)
     actor_grads = captured_gradient(actor)
-    actor.train(batch, old_log_probs=old, ref_log_probs=ref, external_data=critic_output)
+    actor.train(batch, values, old_log_probs=old, ref_log_probs=ref)
     return {"actor": actor_grads[0], "critic": critic_grads[0]}
 
 

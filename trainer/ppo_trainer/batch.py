@@ -56,20 +56,3 @@ class RolloutBatch:
             prompts=[self.prompts[i] for i in rows.tolist()] if self.prompts else [],
             responses=[self.responses[i] for i in rows.tolist()] if self.responses else [],
         )
-
-
-@dataclass(frozen=True)
-class CriticOutput:
-    """What a critic rank returns to the driver as an ObjectRef and hands to the same actor rank.
-
-    `values` are the critic's estimates BEFORE its own update (the baseline the actor's
-    advantages use); `returns` are the targets it trained on. Both float32 on CPU, exactly as
-    the critic computed them: the actor must see these bits unchanged.
-    """
-
-    rank: int
-    values: torch.Tensor
-    """[B_rank, T] float32."""
-    returns: torch.Tensor
-    """[B_rank, T] float32."""
-    metrics: dict[str, float] = field(default_factory=dict)
