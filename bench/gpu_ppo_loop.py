@@ -11,7 +11,9 @@ backend's and engine's calls (training passes' FLOPs, generation, every offload 
 its bytes) and the device memory each role reaches awake; an NVML sampler reads each process's
 device memory, and after the last step every role is put to sleep to read what all of them hold
 asleep. `--restart` runs each backend twice on one checkpoint directory: a cold start, then a
-resumed job in fresh processes, with the compile caches where `compile_cache` places them.
+resumed job in fresh processes, with the compile caches where the product places them (under
+the checkpoint directory; the bench clears PPO_COMPILE_CACHE_DIR so that the cold run is cold), and
+each step's compile seconds are the product's own step metric.
 Steps after the first are averaged (the first compiles). Writes loop.json into --out.
 
     python3 bench/gpu_ppo_loop.py --out $OUT/loop --steps 4 --backends Torch,Megatron
@@ -40,6 +42,7 @@ sys.path[:0] = [str(ROOT), str(ROOT.parent / "trainer"), str(ROOT.parent / "api"
 import gpu_loop_probe
 from gpu_workloads import MODELS
 
+from ppo_trainer.compile_cache import OVERRIDE_ENV
 from ppo_trainer.reporting import Recorder
 from ppojob_api.spec import parse_spec
 
@@ -122,7 +125,7 @@ def build_spec(backend: str, args: argparse.Namespace, model: Path, prompts: Pat
 
 
 def run_loop(backend: str, config: dict, args: argparse.Namespace, model: Path, prompts: Path, *,
-             steps: int, checkpoint_dir: Path | None, resume: bool, env: dict[str, str],
+             steps: int, checkpoint_dir: Path | None, resume: bool,
              ceiling: float | None, pinned: dict | None) -> dict:
     """One job (fresh Ray, fresh processes) through `run_on`, probed, that runs `steps` steps (after
     the checkpoint's when resuming: the job is then 2 x `steps` long); its figures."""
@@ -133,11 +136,12 @@ def run_loop(backend: str, config: dict, args: argparse.Namespace, model: Path, 
 
     spec = build_spec(backend, args, model, prompts, steps=steps * (2 if resume else 1),
                       checkpoint_interval=steps if checkpoint_dir else 0)
-    # Ray's workers inherit this environment: the bench's modules (the probe) and the compile caches.
+    # Ray's workers inherit this environment: the bench's modules (the probe). The compile caches go
+    # where build_roles puts them: under the checkpoint directory, never an override's (a cold run stays cold).
     saved = dict(os.environ)
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT.parent / "trainer"), str(ROOT.parent / "api"),
                                                 os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    os.environ.update(env)
+    os.environ.pop(OVERRIDE_ENV, None)
     ray.init(num_gpus=args.gpus, include_dashboard=False, logging_level="WARNING",
              _temp_dir=tempfile.mkdtemp(prefix="ppo-loop-ray-"))
     started = time.perf_counter()
@@ -145,7 +149,8 @@ def run_loop(backend: str, config: dict, args: argparse.Namespace, model: Path, 
     clock = StepClock()
     try:
         roles = build_roles(spec, compute_layout(spec, use_gpus=args.gpus > 0),
-                            timeout=spec.scheduling.schedule_timeout_seconds)
+                            timeout=spec.scheduling.schedule_timeout_seconds,
+                            checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None)
         try:
             handles = [h for g in roles.groups for h in g.handles]
             ray.get([h.__ray_call__.remote(gpu_loop_probe.install, config) for h in handles])
@@ -167,7 +172,8 @@ def run_loop(backend: str, config: dict, args: argparse.Namespace, model: Path, 
         os.environ.clear()
         os.environ.update(saved)
     history = state.history[-steps:] if resume else state.history
-    step_list = [{"seconds": h["seconds"], "stages": h["stage_seconds"], "tokens": h["response_tokens"]} for h in history]
+    step_list = [{"seconds": h["seconds"], "stages": h["stage_seconds"], "tokens": h["response_tokens"],
+                  "compile_seconds": h["compile_seconds"]} for h in history]
     for index, step in enumerate(step_list):
         stages = ", ".join(f"{k} {v:.2f}" for k, v in step["stages"].items())
         print(f"[{backend}] step {index}: {step['seconds']:.2f} s, {step['tokens']} tokens; {stages}", flush=True)
@@ -187,6 +193,7 @@ def run_loop(backend: str, config: dict, args: argparse.Namespace, model: Path, 
     return {
         "backend": backend, "wall_seconds": time.perf_counter() - started, "build_seconds": build_seconds,
         "steps": step_list, "first_step_seconds": step_list[0]["seconds"],
+        "first_step_compile_seconds": step_list[0]["compile_seconds"],
         "step_seconds": statistics.mean(s["seconds"] for s in measured),
         "stage_seconds": {k: statistics.mean(s["stages"][k] for s in measured) for k in measured[0]["stages"]},
         "tokens_per_step": statistics.mean(s["tokens"] for s in measured),
@@ -228,6 +235,7 @@ def table(results: list[dict], ceiling: float | None, pinned: dict | None) -> st
         row(f"stage {stage} s", lambda r: f"{r['stage_seconds'][stage]:.2f}")
     row("step s", lambda r: f"{r['step_seconds']:.2f}")
     row("first step s", lambda r: f"{r['first_step_seconds']:.2f}")
+    row("first step compile s (step metric)", lambda r: f"{r['first_step_compile_seconds']:.1f}")
     row("compile s (all roles, whole run)", lambda r: f"{sum(v['compile_seconds'] for v in r['roles'].values()):.1f}")
     row("generated tokens per step", lambda r: f"{r['tokens_per_step']:,.0f}")
     row("generate tokens/s (engine call)", lambda r: f"{r['probe']['generate_tokens_per_s']:,.0f}")
@@ -269,8 +277,6 @@ def main() -> None:
     parser.add_argument("--restart", action="store_true",
                         help="each backend twice on one checkpoint directory: cold, then resumed in fresh processes")
     args = parser.parse_args()
-    from ppo_trainer.compile_cache import compile_cache_dir, compile_cache_env
-
     args.out.mkdir(parents=True, exist_ok=True)
     ceiling, pinned = measure_ceilings() if args.gpus else (None, None)
     if ceiling:
@@ -287,13 +293,11 @@ def main() -> None:
         for backend in args.backends.split(","):
             runs = [(False, args.steps)] + ([(True, args.steps)] if args.restart else [])
             checkpoints = work / f"checkpoints-{model_name}-{backend}" if args.restart else None
-            # The default placement (under the checkpoint directory), never an override: the cold run stays cold.
-            env = compile_cache_env(compile_cache_dir(checkpoints, environ={})) if checkpoints else {}
             for resume, steps in runs:
                 try:
                     result = run_loop(backend, config, args, model_dir, work / "prompts.jsonl",
                                       steps=steps, checkpoint_dir=checkpoints, resume=resume,
-                                      env=env, ceiling=ceiling, pinned=pinned)
+                                      ceiling=ceiling, pinned=pinned)
                 except Exception:  # keep the other runs' figures; the traceback says what failed
                     traceback.print_exc()
                     break
@@ -302,7 +306,7 @@ def main() -> None:
                     {"args": vars(args) | {"out": str(args.out)}, "ceiling_tflops": ceiling, "pinned_gb_per_s": pinned,
                      "results": results}, indent=1))
                 print(f"[{model_name} {backend}{' restart' if resume else ''}] step {result['step_seconds']:.2f} s, "
-                      f"first {result['first_step_seconds']:.2f} s, wall {result['wall_seconds']:.0f} s", flush=True)
+                      f"first {result['first_step_seconds']:.2f} s (compiling {result['first_step_compile_seconds']:.1f} s), wall {result['wall_seconds']:.0f} s", flush=True)
         shutil.rmtree(model_dir)
     text = table(results, ceiling, pinned)
     (args.out / "loop.txt").write_text(text + "\n")

@@ -40,6 +40,9 @@ class StepMetrics:
     """The largest |log pi_train - log pi_rollout| of the step."""
     rollout_k3: float | None = None
     """Mean k3 estimate of KL(pi_rollout || pi_train) per token."""
+    compile_seconds: float | None = None
+    """Seconds the training roles' processes spent in torch.compile during the step, summed over
+    the processes (the first step of a job pays the compiles; warm caches make them short)."""
 
     @property
     def tokens_per_second(self) -> float:
@@ -69,6 +72,7 @@ class StepMetrics:
             "throughput/tokens_per_second": self.tokens_per_second,
             "time/step_seconds": self.seconds,
             "warmup/critic_only": float(self.critic_only),
+            "time/compile_seconds": self.compile_seconds,
             **{f"time/{stage}_seconds": seconds for stage, seconds in self.stage_seconds.items()},
         }
         return {tag: float(v) for tag, v in fields.items() if v is not None}
@@ -91,12 +95,13 @@ class StepMetrics:
             return f" {name}={value:.4f}" if value is not None else ""
 
         kind = "critic-only" if self.critic_only else "ppo"
+        compiled = f" compile {self.compile_seconds:.1f}s" if self.compile_seconds else ""
         mismatch = (f" rollout_mismatch(k3={self.rollout_k3:.2e} max|log_ratio|={self.rollout_log_ratio_abs_max:.2e})"
                     if self.rollout_k3 is not None else "")
         return (
             f"step {self.step + 1}/{total_steps} [{kind}] reward={self.reward_mean:.4f}"
             f"{fmt('value_loss', self.value_loss)}{fmt('policy_loss', self.policy_loss)}{fmt('kl', self.kl)}"
-            f"{fmt('entropy', self.entropy)}{mismatch} {self.seconds:.2f}s {self.tokens_per_second:.0f} tok/s"
+            f"{fmt('entropy', self.entropy)}{mismatch} {self.seconds:.2f}s{compiled} {self.tokens_per_second:.0f} tok/s"
         )
 
 
@@ -155,7 +160,8 @@ def plot_run(history: list[StepMetrics], path: str | Path) -> Path:
 def summarize_run(history: list[StepMetrics], *, window: int = 3) -> dict:
     """The figures a run is judged by: time per step and stage, tokens/s, the reward curve's ends
     (each end also as the mean of `window` steps, since a single step's reward is noisy), and the
-    rollout/training mismatch (the mean of the steps' k3, the largest |log-ratio|)."""
+    rollout/training mismatch (the mean of the steps' k3, the largest |log-ratio|) and the seconds
+    spent compiling."""
     if not history:
         return {"steps": 0}
     seconds = sum(m.seconds for m in history)
@@ -176,5 +182,6 @@ def summarize_run(history: list[StepMetrics], *, window: int = 3) -> dict:
         "rewardEnd": round(history[-1].reward_mean, 4),
         f"rewardFirst{window}Mean": round(sum(m.reward_mean for m in history[:window]) / len(history[:window]), 4),
         f"rewardLast{window}Mean": round(sum(m.reward_mean for m in history[-window:]) / len(history[-window:]), 4),
+        "compileSeconds": round(sum(m.compile_seconds or 0.0 for m in history), 3),
         **mismatch,
     }

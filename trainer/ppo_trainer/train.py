@@ -73,7 +73,8 @@ def train(spec: PPOJobSpec, *, roles: Roles, sampler: PromptSampler, state: Trai
             state.critic_only_steps_done += 1
             state.weight_syncs_skipped += 1  # the actor did not change: nothing to send
         state.step = step + 1
-        metrics = summarize(step, critic_only, rollout_stats, critic_stats, actor_stats, ray.get(mismatch), timer)
+        metrics = summarize(step, critic_only, rollout_stats, critic_stats, actor_stats, ray.get(mismatch), timer,
+                            compile_seconds=roles.take_compile_seconds())
         state.history.append(metrics.to_dict())
         status.step_done(metrics, state=state)
         if checkpoints is not None and should_checkpoint(spec, state.step):
@@ -86,9 +87,11 @@ def train(spec: PPOJobSpec, *, roles: Roles, sampler: PromptSampler, state: Trai
     return state
 
 
-def summarize(step, critic_only, rollout_stats, critic_stats, actor_stats, mismatch, timer) -> StepMetrics:
+def summarize(step, critic_only, rollout_stats, critic_stats, actor_stats, mismatch, timer, *,
+              compile_seconds: float) -> StepMetrics:
     """One step's metrics from the per-rank statistics (sums for counts, means for the rest; the
-    trainer's and the engine's log-probs compared over every rank's tokens)."""
+    trainer's and the engine's log-probs compared over every rank's tokens); `compile_seconds`:
+    the roles' seconds in torch.compile during the step."""
     samples = sum(s["samples"] for s in rollout_stats)
 
     def mean(stats, key):
@@ -98,7 +101,7 @@ def summarize(step, critic_only, rollout_stats, critic_stats, actor_stats, misma
         step=step, critic_only=critic_only,
         reward_mean=sum(s["reward_sum"] for s in rollout_stats) / samples,
         response_tokens=int(sum(s["response_tokens"] for s in rollout_stats)), samples=int(samples),
-        seconds=timer.total, stage_seconds=dict(timer.seconds),
+        seconds=timer.total, stage_seconds=dict(timer.seconds), compile_seconds=compile_seconds,
         value_loss=mean(critic_stats, "value_loss"), value_clipfrac=mean(critic_stats, "value_clipfrac"),
         policy_loss=mean(actor_stats, "policy_loss"), clipfrac=mean(actor_stats, "clipfrac"),
         kl=mean(actor_stats or critic_stats, "kl"), entropy=mean(actor_stats, "entropy"),
@@ -157,7 +160,7 @@ def run(spec: PPOJobSpec, *, reporter: Reporter, checkpoint_dir: str | None, res
         use_gpus: bool, cpu_ranks: int = 1, attempt: int = 0) -> TrainerState:
     """Place and build the roles, run the job on them, and release them."""
     layout = compute_layout(spec, use_gpus=use_gpus, cpu_ranks=cpu_ranks)
-    roles = build_roles(spec, layout, timeout=spec.scheduling.schedule_timeout_seconds)
+    roles = build_roles(spec, layout, timeout=spec.scheduling.schedule_timeout_seconds, checkpoint_dir=checkpoint_dir)
     try:
         return run_on(roles, spec, reporter=reporter, checkpoint_dir=checkpoint_dir, resume=resume, attempt=attempt)
     finally:

@@ -10,7 +10,10 @@ the reference follows the actor); the rollout engines share those bundles when p
 placement group of their own when Disaggregated. A role's device follows its share: a GPU share
 means "cuda". `build_roles` waits for the placement groups for a bounded time and fails with
 what was asked and what the cluster has, instead of hanging; it then sets up the data-parallel
-groups of the actor and the critic. An SGLang engine's server is launched by its rollout worker,
+groups of the actor and the critic. Every role's process gets the compile caches' environment
+(`compile_cache.py`: under the checkpoint directory, so a restarted job finds them), and
+`Roles.take_compile_seconds` says how long the training roles' processes spent compiling. An
+SGLang engine's server is launched by its rollout worker,
 on the worker's bundle; `builtin_sglang_server` serves it with the built-in server instead (tests
 and development on CPUs), through the same launcher.
 """
@@ -24,6 +27,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from ppo_trainer.compile_cache import compile_cache_dir, compile_cache_env, compile_seconds
 from ppo_trainer.offload import Transition
 from ppo_trainer.roles.actor import ActorWorker
 from ppo_trainer.roles.critic import CriticWorker
@@ -169,10 +173,21 @@ class Roles:
     critic: RoleGroup | None
     weight_sync: WeightSync
     placement_groups: list[PlacementGroup] = field(default_factory=list)
+    compiled_seconds: float = 0.0
+    """What `take_compile_seconds` last read, summed over the training roles' processes."""
 
     @property
     def groups(self) -> list[RoleGroup]:
         return [g for g in (self.rollout, self.actor, self.critic, self.ref) if g is not None]
+
+    def take_compile_seconds(self) -> float:
+        """Seconds the training roles' processes (actor, critic, reference; every rank) spent in
+        torch.compile since the last call (the first: since they started), summed over the
+        processes. The engines compile nothing: their decoding is a captured CUDA graph."""
+        handles = [h for g in (self.actor, self.critic, self.ref) if g is not None for h in g.handles]
+        total = sum(ray.get([h.__ray_call__.remote(process_compile_seconds) for h in handles]))
+        seconds, self.compiled_seconds = total - self.compiled_seconds, total
+        return seconds
 
     def sync_weights(self) -> None:
         """New actor weights to every engine, by the path chosen from the layout (`roles/weight_sync.py`)."""
@@ -210,6 +225,11 @@ class Roles:
             remove_placement_group(pg)
 
 
+def process_compile_seconds(_worker) -> float:
+    """Inside a role's process (through Ray's `__ray_call__`): its seconds in torch.compile so far."""
+    return compile_seconds()
+
+
 def _wait(pg: PlacementGroup, *, what: str, bundles: list[dict], timeout: float) -> None:
     ready, _ = ray.wait([pg.ready()], timeout=timeout)
     if not ready:
@@ -220,9 +240,12 @@ def _wait(pg: PlacementGroup, *, what: str, bundles: list[dict], timeout: float)
         )
 
 
-def build_roles(spec: PPOJobSpec, layout: Layout, *, timeout: float, builtin_sglang_server: bool = False) -> Roles:
+def build_roles(spec: PPOJobSpec, layout: Layout, *, timeout: float, builtin_sglang_server: bool = False,
+                checkpoint_dir: str | None = None) -> Roles:
     """Place and build every role. `builtin_sglang_server` (tests, development) serves rollout.engine
-    SGLang with the built-in server, which speaks SGLang's protocol and runs on a CPU."""
+    SGLang with the built-in server, which speaks SGLang's protocol and runs on a CPU. Every role's
+    process compiles into `compile_cache_dir(checkpoint_dir)` (`PPO_COMPILE_CACHE_DIR` in this
+    process's environment moves it; neither: the compilers' own defaults)."""
     if spec.rollout.engine == EngineKind.SGLANG and not layout.use_gpus and not builtin_sglang_server:
         raise PlacementError(
             "rollout.engine SGLang needs GPUs (SGLang is CUDA-only) and this cluster has none: "
@@ -234,9 +257,12 @@ def build_roles(spec: PPOJobSpec, layout: Layout, *, timeout: float, builtin_sgl
     pgs = [train_pg]
     offload = spec.train_offload
 
+    cache_env = compile_cache_env(compile_cache_dir(checkpoint_dir))
+    runtime_env = {"runtime_env": {"env_vars": cache_env}} if cache_env else {}
+
     def on(pg: PlacementGroup, index: int, share: dict[str, float]) -> dict:
         strategy = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index)
-        return {**share, "scheduling_strategy": strategy}
+        return {**share, "scheduling_strategy": strategy, **runtime_env}
 
     if layout.colocate:
         rollout_pg, engine_share = train_pg, layout.share(shared=True)
