@@ -104,8 +104,9 @@ class CriticSpec(_Model):
     """Defaults to actor.maxGradNorm."""
     load: str | None = None
     """A critic checkpoint of ours to start from (a step directory, or a folder of them: the latest)."""
-    save: str | None = None
-    """A folder the critic's checkpoints are written to as well, one step directory each."""
+    save: str | None = Field(None, max_length=4096)
+    """A folder the critic's checkpoints are written to as well, one step directory each; with
+    checkpoint.volumeClaim, a folder under checkpoint.path (`CRITIC_SAVE_OFF_THE_VOLUME`)."""
     updates_per_actor_update: int = Field(1, ge=1, le=16)
     """K critic optimisation passes per actor update."""
     parallelism: CriticParallelism = CriticParallelism()
@@ -182,7 +183,7 @@ class RewardSpec(_Model):
 
 
 class CheckpointSpec(_Model):
-    path: str = "/checkpoints"
+    path: str = Field("/checkpoints", max_length=4096)
     volume_claim: str | None = None
     interval: int = Field(1, ge=0)
     keep: int = Field(2, ge=1)
@@ -397,6 +398,20 @@ OVERLAP_RATIO_IS_CORRECTED = (
     " None, or use ppo.schedule Synchronous"
 )
 
+CRITIC_SAVE_OFF_THE_VOLUME = (
+    "critic.save must be a folder under checkpoint.path when checkpoint.volumeClaim is set: the claim mounted at"
+    " checkpoint.path is the only storage of the job's pods that outlives them, so critics saved elsewhere are lost"
+    " with the pods; set critic.save to a folder under checkpoint.path (for example <checkpoint.path>/critic),"
+    " without '..'"
+)
+
+
+def is_folder_under(path: str, directory: str) -> bool:
+    """`path` names a folder inside `directory`, as the CRD's CEL rule reads it: by its characters
+    (`directory` and a '/' are a prefix, something follows, no '..' segment), not by the file system."""
+    base = directory if directory.endswith("/") else directory + "/"
+    return path.startswith(base) and len(path) > len(base) and "/../" not in path and not path.endswith("/..")
+
 
 def check_semantics(spec: PPOJobSpec) -> list[str]:
     """Cross-field rules; the same ones the CRD states in CEL, with the same messages."""
@@ -453,6 +468,9 @@ def check_semantics(spec: PPOJobSpec) -> list[str]:
             "ppo.clipEpsHigh must be at least ppo.clipEps (it widens the upper clip bound); remove it to use"
             " clipEps on both sides"
         )
+    checkpoint = spec.checkpoint
+    if checkpoint.volume_claim and spec.critic.save is not None and not is_folder_under(spec.critic.save, checkpoint.path):
+        problems.append(CRITIC_SAVE_OFF_THE_VOLUME)
     return problems
 
 

@@ -146,6 +146,8 @@ def test_kubectl_get_and_describe_while_warming_up(local_cluster, k8s_namespace,
         ({"placement": "Disaggregated", "rollout": {"gpus": 1}, "offload": {"rollout": False},
           "ppo": {"schedule": "OneStepOverlap", "rolloutCorrection": {"type": "TruncatedImportanceSampling"}}},
          "ppo.schedule OneStepOverlap takes the PPO ratio against the engines' own log-probs"),
+        ({"checkpoint": {"path": "/checkpoints", "volumeClaim": "ppo-checkpoints"}, "critic": {"save": "/critic"}},
+         "critic.save must be a folder under checkpoint.path when checkpoint.volumeClaim is set"),
     ],
 )
 def test_each_cel_rule_rejects_with_its_message(local_cluster, ppojob_crd, k8s_namespace, spec, message):
