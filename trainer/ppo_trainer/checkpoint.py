@@ -2,7 +2,8 @@
 
 A checkpoint is written into `<root>/.tmp-step-NNNNNNNN-<id>/`: every role's rank writes its own
 `<role>-rank<r>.pt` (model, optimizer, RNG), fsynced; then the driver writes `trainer.json`
-(step, warm-up count, skipped weight syncs, sampler state, driver RNG, metrics history),
+(step, warm-up count, skipped weight syncs, sampler state, driver RNG, metrics history) and, with
+ppo.schedule OneStepOverlap, `pending-batch.pt` (the next step's batch, already generated),
 fsyncs the directory and renames it to `<root>/step-NNNNNNNN`, and fsyncs the root. A crash at
 any point leaves either the new checkpoint or none, and the previous one is untouched;
 leftover temp directories are ignored and cleared. Only the last `keep` checkpoints stay.
@@ -25,6 +26,7 @@ import torch
 
 STEP_DIR = re.compile(r"^step-(\d{8})$")
 TRAINER_FILE = "trainer.json"
+PENDING_BATCH_FILE = "pending-batch.pt"
 
 
 class CheckpointError(RuntimeError):
@@ -65,6 +67,18 @@ def read_role_state(directory: str | Path, *, role: str, rank: int) -> dict:
     if not path.is_file():
         raise CheckpointError(f"{path} is missing: the checkpoint was written with a different layout of {role} ranks")
     return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def write_pending_batch(directory: str | Path, *, parts: list, stats: list[dict]) -> None:
+    """ppo.schedule OneStepOverlap: the next step's batch (every engine's part and statistics), generated
+    before the checkpoint with weights it does not hold, into the checkpoint being written."""
+    _write_file(Path(directory) / PENDING_BATCH_FILE, lambda f: torch.save({"parts": parts, "stats": stats}, f))
+
+
+def read_pending_batch(directory: str | Path) -> dict | None:
+    """{"parts", "stats"} of the batch `write_pending_batch` saved, or None when there was none in flight."""
+    path = Path(directory) / PENDING_BATCH_FILE
+    return torch.load(path, map_location="cpu", weights_only=False) if path.is_file() else None
 
 
 def capture_rng() -> dict[str, Any]:

@@ -40,6 +40,15 @@ class StepMetrics:
     """The largest |log pi_train - log pi_rollout| of the step."""
     rollout_k3: float | None = None
     """Mean k3 estimate of KL(pi_rollout || pi_train) per token."""
+    staleness: int = 0
+    """Actor updates between the weights that generated the step's batch and the actor's before this
+    step's update (0 Synchronous; at most 1 with ppo.schedule OneStepOverlap, 0 in the warm-up)."""
+    rollout_weights_version: int = 0
+    """The actor updates in the weights the engines generated the batch with (stamped by the engines)."""
+    generation_seconds: float | None = None
+    """The engines' own time generating and scoring the batch (the slowest engine)."""
+    generated_at: tuple[float, float] | None = None
+    """When the engines generated the batch: (first start, last end), Unix seconds."""
     compile_seconds: float | None = None
     """Seconds the training roles' processes spent in torch.compile during the step, summed over
     the processes (the first step of a job pays the compiles; warm caches make them short)."""
@@ -72,6 +81,8 @@ class StepMetrics:
             "throughput/tokens_per_second": self.tokens_per_second,
             "time/step_seconds": self.seconds,
             "warmup/critic_only": float(self.critic_only),
+            "policy/staleness": self.staleness,
+            "time/generation_seconds": self.generation_seconds,
             "time/compile_seconds": self.compile_seconds,
             **{f"time/{stage}_seconds": seconds for stage, seconds in self.stage_seconds.items()},
         }

@@ -6,18 +6,29 @@ log-probs once (and how far the actor's are from the engine's), trains the criti
 gets its output back as ObjectRefs, and, unless the step is a critic-only warm-up step, trains
 the actor on those refs (each actor rank gets the critic ranks' refs that hold its samples,
 `Roles.values_for_actor`; the driver never fetches them) and sends the new weights to the
-engines. In warm-up steps the actor did not change, so the sync is skipped and counted. `run`
+engines. In warm-up steps the actor did not change, so the sync is skipped and counted. With
+`ppo.schedule` OneStepOverlap the next step's batch is started as soon as this step's is out (on
+the weights the engines hold, one update behind the actor's at most) and trains next step; the
+weight sync first waits for it, since the engines take no weights mid-batch. `run`
 wires a run together (prompts, roles, resume); `critic.save` gets the critic's checkpoints too.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import ray
 
 from ppo_trainer.algorithms import summarize_mismatch
-from ppo_trainer.checkpoint import CheckpointManager, TrainerState, capture_rng, restore_rng
+from ppo_trainer.checkpoint import (
+    CheckpointManager,
+    TrainerState,
+    capture_rng,
+    read_pending_batch,
+    restore_rng,
+    write_pending_batch,
+)
 from ppo_trainer.data import PromptSampler, load_jsonl_prompts, synthetic_prompts
 from ppo_trainer.metrics import StageTimer, StepMetrics
 from ppo_trainer.progress import ProgressTracker
@@ -25,28 +36,32 @@ from ppo_trainer.reporting import Reporter
 from ppo_trainer.roles.actor import ActorWorker
 from ppo_trainer.roles.build import Roles, build_roles, compute_layout
 from ppo_trainer.roles.critic import CriticWorker
+from ppo_trainer.roles.group import PerRank
 from ppo_trainer.roles.ref import RefWorker
 from ppo_trainer.roles.rollout import RolloutWorker
 from ppojob_api.spec import PPOJobSpec
-from ppojob_api.vocabulary import Stage
+from ppojob_api.vocabulary import Schedule, Stage
 
 SYNTHETIC_PROMPTS = 1024
 
 
-def train(spec: PPOJobSpec, *, roles: Roles, sampler: PromptSampler, state: TrainerState,
-          status: ProgressTracker, checkpoints: CheckpointManager | None) -> TrainerState:
+def train(spec: PPOJobSpec, *, roles: Roles, sampler: PromptSampler, state: TrainerState, status: ProgressTracker,
+          checkpoints: CheckpointManager | None, pending: Generation | None = None) -> TrainerState:
     ppo, critic_updates = spec.ppo, spec.critic.updates_per_actor_update
+    overlap = ppo.schedule == Schedule.ONE_STEP_OVERLAP
     for step in range(state.step, ppo.num_rollouts):
         critic_only = ppo.is_critic_only_step(step)  # the warm-up: the critic learns, the actor waits
         timer = StageTimer()
         status.stage(Stage.GENERATE, state=state)
         with timer("generate"):
-            batch, rollout_stats = roles.rollout.async_call(  # each engine its share of the prompts
-                RolloutWorker.generate, roles.rollout.split(sampler.next_batch()),
-                seed=roles.rollout.seeds(spec.seed * 1_000_003 + step), num_returns=2)
-            rollout_stats = ray.get(rollout_stats)
+            generation = pending or generate(roles, spec, sampler, step)  # pending: started during the last step
+            batch, rollout_stats = generation.batch, ray.get(generation.stats)
             if spec.offload.rollout:
                 roles.rollout.call(RolloutWorker.sleep)
+        # OneStepOverlap: the next batch starts now, on the weights the engines hold, while this one trains.
+        pending = generate(roles, spec, sampler, step + 1) if overlap and step + 1 < ppo.num_rollouts else None
+        if roles.critic is not None:  # from the log-probs on: they are the first input of the critic's targets
+            status.stage(Stage.GENERATE_CRITIC_TRAIN if pending else Stage.CRITIC_TRAIN, state=state)
         with timer("log_probs"):  # once per step, for both critic and actor: one reward definition
             old_log_probs, mismatch = roles.actor.async_call(ActorWorker.log_probs_and_mismatch, *batch, num_returns=2)
             ray.wait(old_log_probs, num_returns=len(old_log_probs))  # one role on the device at a time
@@ -54,32 +69,35 @@ def train(spec: PPOJobSpec, *, roles: Roles, sampler: PromptSampler, state: Trai
             ray.wait(ref_log_probs, num_returns=len(ref_log_probs))
         values = critic_stats = actor_stats = None
         if roles.critic is not None:
-            status.stage(Stage.CRITIC_TRAIN, state=state)
             with timer("critic_train"):
                 values, critic_stats = roles.critic.async_call(  # each critic rank its samples' log-probs
                     CriticWorker.train, *batch, spread=roles.log_probs_for_critic(old_log_probs, ref_log_probs),
                     actor_data_size=roles.layout.actor.data, updates=critic_updates, num_returns=2)
                 critic_stats = ray.get(critic_stats)  # metrics only: the values stay refs
         if not critic_only:
-            status.stage(Stage.ACTOR_TRAIN, state=state)
+            status.stage(Stage.GENERATE_ACTOR_TRAIN if pending else Stage.ACTOR_TRAIN, state=state)
             with timer("actor_train"):
                 actor_stats = ray.get(roles.actor.async_call(  # awake until the sync is done with it
                     ActorWorker.train, *batch, old_log_probs=old_log_probs, ref_log_probs=ref_log_probs,
                     spread=roles.values_for_actor(values) if values is not None else None, stay_awake=True))
+            if pending:  # the engines take no weights mid-batch: the next batch is finished first
+                status.stage(Stage.GENERATE, state=state)
+                with timer("generate"):
+                    pending.wait()
             status.stage(Stage.WEIGHT_SYNC, state=state)
             with timer("weight_sync"):
-                roles.sync_weights()
+                roles.sync_weights(version=ppo.actor_updates_before(step + 1))
         else:
             state.critic_only_steps_done += 1
             state.weight_syncs_skipped += 1  # the actor did not change: nothing to send
         state.step = step + 1
         metrics = summarize(step, critic_only, rollout_stats, critic_stats, actor_stats, ray.get(mismatch), timer,
-                            compile_seconds=roles.take_compile_seconds())
+                            actor_version=ppo.actor_updates_before(step), compile_seconds=roles.take_compile_seconds())
         state.history.append(metrics.to_dict())
         status.step_done(metrics, state=state)
         if checkpoints is not None and should_checkpoint(spec, state.step):
             status.stage(Stage.CHECKPOINT, state=state)
-            save_checkpoint(roles, checkpoints, state, sampler, status)
+            save_checkpoint(roles, checkpoints, state, sampler, status, pending)
         if should_save_critic(spec, state.step):
             status.stage(Stage.CHECKPOINT, state=state)
             save_critic(roles, CheckpointManager(spec.critic.save, keep=spec.checkpoint.keep), state)
@@ -87,12 +105,33 @@ def train(spec: PPOJobSpec, *, roles: Roles, sampler: PromptSampler, state: Trai
     return state
 
 
+@dataclass(frozen=True)
+class Generation:
+    """A step's batch being generated: the engines' parts and their statistics, as refs."""
+
+    batch: PerRank
+    stats: PerRank
+
+    def wait(self) -> None:
+        ray.wait(list(self.stats), num_returns=len(self.stats))
+
+
+def generate(roles: Roles, spec: PPOJobSpec, sampler: PromptSampler, step: int) -> Generation:
+    """Start step `step`'s generation (each engine its share of the prompts, a seed of its own); returns at once."""
+    batch, stats = roles.rollout.async_call(
+        RolloutWorker.generate, roles.rollout.split(sampler.next_batch()),
+        seed=roles.rollout.seeds(spec.seed * 1_000_003 + step), num_returns=2)
+    return Generation(batch, stats)
+
+
 def summarize(step, critic_only, rollout_stats, critic_stats, actor_stats, mismatch, timer, *,
-              compile_seconds: float) -> StepMetrics:
+              actor_version: int, compile_seconds: float) -> StepMetrics:
     """One step's metrics from the per-rank statistics (sums for counts, means for the rest; the
-    trainer's and the engine's log-probs compared over every rank's tokens); `compile_seconds`:
-    the roles' seconds in torch.compile during the step."""
+    trainer's and the engine's log-probs compared over every rank's tokens); the staleness from
+    the weights version the engines stamped on the batch and the actor's (`actor_version`);
+    `compile_seconds`: the roles' seconds in torch.compile during the step."""
     samples = sum(s["samples"] for s in rollout_stats)
+    generated_by = int(min(s["weights_version"] for s in rollout_stats))
 
     def mean(stats, key):
         return sum(s[key] for s in stats) / len(stats) if stats else None
@@ -106,6 +145,9 @@ def summarize(step, critic_only, rollout_stats, critic_stats, actor_stats, misma
         policy_loss=mean(actor_stats, "policy_loss"), clipfrac=mean(actor_stats, "clipfrac"),
         kl=mean(actor_stats or critic_stats, "kl"), entropy=mean(actor_stats, "entropy"),
         **summarize_mismatch(mismatch),
+        staleness=actor_version - generated_by, rollout_weights_version=generated_by,
+        generation_seconds=max(s["seconds"] for s in rollout_stats),
+        generated_at=(min(s["started_at"] for s in rollout_stats), max(s["finished_at"] for s in rollout_stats)),
     )
 
 
@@ -132,11 +174,15 @@ def save_critic(roles: Roles, checkpoints: CheckpointManager, state: TrainerStat
 
 
 def save_checkpoint(roles: Roles, checkpoints: CheckpointManager, state: TrainerState,
-                    sampler: PromptSampler, status: ProgressTracker) -> None:
+                    sampler: PromptSampler, status: ProgressTracker, pending: Generation | None) -> None:
+    """`pending` (OneStepOverlap): the next step's batch, already drawn and generated with weights the
+    checkpoint does not hold; it is saved whole, so a resume trains on the very same samples."""
     started = time.perf_counter()
     temp = checkpoints.begin(state.step)
     try:
         save_roles(roles, temp)
+        if pending is not None:
+            write_pending_batch(temp, parts=ray.get(list(pending.batch)), stats=ray.get(list(pending.stats)))
         state.sampler, state.rng = sampler.state_dict(), capture_rng()
         path = checkpoints.commit(temp, state)
     except BaseException:
@@ -174,20 +220,25 @@ def run_on(roles: Roles, spec: PPOJobSpec, *, reporter: Reporter, checkpoint_dir
     sampler = PromptSampler(load_prompts(spec), spec.rollout.batch_size, seed=spec.seed)
     state = TrainerState()
     latest = checkpoints.latest() if (checkpoints and resume) else None
+    pending = None
     if latest is not None:
         state = checkpoints.load_state(latest)
         sampler.load_state_dict(state.sampler)
         restore_rng(state.rng)
         restore_roles(roles, latest)
+        saved = read_pending_batch(latest)
+        if saved is not None:
+            pending = Generation(PerRank(map(ray.put, saved["parts"])), PerRank(map(ray.put, saved["stats"])))
         reporter.event("note", line=f"resumed from {latest} at step {state.step}", path=str(latest))
     status = ProgressTracker(reporter=reporter, poll=roles.poll, total_steps=spec.ppo.num_rollouts,
                              critic_only_steps=spec.ppo.num_critic_only_steps,
                              with_critic=roles.critic is not None, state=state, attempt=attempt)
     if latest is not None:  # fresh engines hold the initial weights; restored ones must be sent
         status.stage(Stage.WEIGHT_SYNC, state=state)
-        roles.sync_weights()
+        roles.sync_weights(version=spec.ppo.actor_updates_before(state.step))
     try:
-        return train(spec, roles=roles, sampler=sampler, state=state, status=status, checkpoints=checkpoints)
+        return train(spec, roles=roles, sampler=sampler, state=state, status=status, checkpoints=checkpoints,
+                     pending=pending)
     except Exception as exc:
         status.finish(error=f"{type(exc).__name__}: {exc}")
         raise

@@ -72,7 +72,7 @@ def roles(shared_roles):
     """The shared roles, reset to their initial weights, optimizers and RNG, engines included."""
     roles, initial = shared_roles
     restore_roles(roles, initial)
-    roles.sync_weights()
+    roles.sync_weights(version=0)
     roles.rollout.call(roles.rollout.worker_class.wake)
     roles.poll()  # forget the transitions of the reset
     return roles

@@ -14,7 +14,8 @@ def step_metrics(step: int, *, critic_only: bool) -> StepMetrics:
     return StepMetrics(step=step, critic_only=critic_only, reward_mean=0.25 * step, response_tokens=100, samples=4,
                        seconds=2.0, stage_seconds={"generate": 1.5, "critic_train": 0.5}, value_loss=1.0 / (step + 1),
                        value_clipfrac=0.05, policy_loss=ppo, clipfrac=ppo, kl=ppo, entropy=2.0 - 0.1 * step,
-                       rollout_log_ratio_mean=-1e-4 * step, rollout_log_ratio_abs_max=1e-3, rollout_k3=1e-6 * step)
+                       rollout_log_ratio_mean=-1e-4 * step, rollout_log_ratio_abs_max=1e-3, rollout_k3=1e-6 * step,
+                       staleness=0 if critic_only else 1)
 
 
 def read(run_dir) -> dict[str, list[tuple[int, float]]]:
@@ -36,10 +37,11 @@ def test_scalars_name_every_metric_and_leave_out_unset_ones():
         "reward/mean", "loss/value", "loss/policy", "kl/reference", "clipfrac/policy", "clipfrac/value",
         "policy/entropy", "rollout_mismatch/log_ratio_mean", "rollout_mismatch/log_ratio_abs_max",
         "rollout_mismatch/k3", "throughput/tokens_per_second", "time/step_seconds", "warmup/critic_only",
-        "time/generate_seconds", "time/critic_train_seconds",
+        "time/generate_seconds", "time/critic_train_seconds", "policy/staleness",
     }
     assert set(ppo.scalars()) - set(warmup.scalars()) == {"loss/policy", "kl/reference", "clipfrac/policy"}
     assert ppo.scalars()["throughput/tokens_per_second"] == 50.0 and warmup.scalars()["warmup/critic_only"] == 1.0
+    assert ppo.scalars()["policy/staleness"] == 1.0 and warmup.scalars()["policy/staleness"] == 0.0
 
 
 def test_event_files_hold_one_scalar_per_metric_per_step(tmp_path):

@@ -6,7 +6,8 @@ the two roles' data-parallel sizes), derives the same targets the critic used, c
 returns agree, whitens the advantages over the whole batch (the ranks sum their moments) and
 runs `ppo.epochs` clipped-policy-loss passes, each micro-batch's loss normalised by the whole
 batch's counts (`ppo.lossAggregation`) and, with `ppo.rolloutCorrection`, reweighted by
-truncated importance weights against the engine's log-probs. `log_probs_and_mismatch` gives the
+truncated importance weights against the engine's log-probs (with `ppo.schedule` OneStepOverlap the
+ratio itself is taken against the engine's log-probs: the batch may be one update old). `log_probs_and_mismatch` gives the
 step's log-probs before the update and how far they are from the engine's. In the
 Disaggregated layout rank 0 owns the weight-update group with the rollout workers
 (`DistributedWeightSync`, built by `roles/link.py`): connected right after it wakes, broadcast in
@@ -37,7 +38,7 @@ from ppo_trainer.offload import Residency
 from ppo_trainer.roles.base import RoleWorker, take_rows
 from ppo_trainer.roles.handoff import CriticValues, gather_values
 from ppo_trainer.roles.targets import check_same_returns, compute_targets
-from ppojob_api.vocabulary import RolloutCorrection
+from ppojob_api.vocabulary import RolloutCorrection, Schedule
 
 
 class ActorWorker(RoleWorker):
@@ -119,13 +120,16 @@ class ActorWorker(RoleWorker):
         if correction.type == RolloutCorrection.TRUNCATED_IMPORTANCE_SAMPLING:
             weights = truncated_importance_weights(old_log_probs, batch.rollout_log_probs, mask, cap=correction.cap)
         aggregation = ppo.loss_aggregation.value
+        # OneStepOverlap: the engines sampled this batch with weights up to one update older than the
+        # actor's; the PPO ratio is taken against that behaviour policy, their log-probs of their own tokens.
+        behaviour_log_probs = batch.rollout_log_probs if ppo.schedule == Schedule.ONE_STEP_OVERLAP else old_log_probs
 
         def loss_fn(output: dict[str, torch.Tensor], rows: torch.Tensor):
             logp = output["log_probs"]
             rows_mask = take_rows(mask, rows, logp)
             pg_loss, stats = policy_loss(
                 logp,
-                take_rows(old_log_probs, rows, logp),
+                take_rows(behaviour_log_probs, rows, logp),
                 take_rows(advantages, rows, logp),
                 rows_mask,
                 clip_eps=ppo.clip_eps,

@@ -42,6 +42,9 @@ from ppojob_api.vocabulary import RolloutEngine as EngineKind
 
 logger = logging.getLogger(__name__)
 
+STATUS_CALLS = "status"
+"""The rollout workers' concurrency group for `drain_transitions` and `state`."""
+
 
 class PlacementError(RuntimeError):
     """The placement groups could not be placed in time, or the layout is impossible."""
@@ -189,9 +192,11 @@ class Roles:
         seconds, self.compiled_seconds = total - self.compiled_seconds, total
         return seconds
 
-    def sync_weights(self) -> None:
-        """New actor weights to every engine, by the path chosen from the layout (`roles/weight_sync.py`)."""
+    def sync_weights(self, *, version: int) -> None:
+        """New actor weights to every engine, by the path chosen from the layout (`roles/weight_sync.py`);
+        `version`: the actor updates they hold, which the engines stamp on the batches they generate next."""
         self.weight_sync.sync()
+        self.rollout.call(RolloutWorker.serve_weights_version, version)
 
     def values_for_actor(self, values: PerRank) -> PerRank:
         """For each actor rank, the refs (one per critic rank, as the critic's train returned them) of
@@ -208,9 +213,11 @@ class Roles:
 
     def poll(self) -> tuple[list[Transition], dict[str, str]]:
         """Every rank's transitions since the last poll (in time order), and each role's state (rank 0's)."""
-        handles = [h for g in self.groups for h in g.handles]
-        drained = ray.get([h.drain_transitions.remote() for h in handles])
-        states = ray.get([g.handles[0].state.remote() for g in self.groups])
+        def beside_generation(group: RoleGroup, call):  # a rollout worker answers while it generates
+            return call.options(concurrency_group=STATUS_CALLS) if group is self.rollout else call
+
+        drained = ray.get([beside_generation(g, h.drain_transitions).remote() for g in self.groups for h in g.handles])
+        states = ray.get([beside_generation(g, g.handles[0].state).remote() for g in self.groups])
         transitions = sorted((t for ts in drained for t in ts), key=lambda t: t.time)
         return transitions, {g.role: s for g, s in zip(self.groups, states)}
 
@@ -274,8 +281,8 @@ def build_roles(spec: PPOJobSpec, layout: Layout, *, timeout: float, builtin_sgl
         pgs.append(rollout_pg)
         engine_share, engine_bundle = layout.share(shared=False), list(range(layout.rollout_engines))
 
-    engines = [
-        ray.remote(RolloutWorker)
+    engines = [  # status calls (Roles.poll) answer beside a generation in flight (ppo.schedule OneStepOverlap)
+        ray.remote(concurrency_groups={STATUS_CALLS: 1})(RolloutWorker)
         .options(**on(rollout_pg, engine_bundle[rank], engine_share))
         .remote(spec, rank=rank, device=layout.device, builtin_server=builtin_sglang_server)
         for rank in range(layout.rollout_engines)

@@ -109,11 +109,13 @@ class RolloutWorker:
         self.reward = build_reward(REWARD_KINDS[spec.reward.type], custom_function=spec.reward.function)
         self._transitions: list[Transition] = []
         self.residency = Residency.for_rollout(rank=rank, listener=self._transitions.append)
+        self.weights_version = 0
+        """The actor updates in the weights this engine serves (0: the initial ones); stamped on each batch."""
 
     def generate(self, prompts: list[Prompt], *, seed: int) -> tuple[RolloutBatch, dict[str, float]]:
         self.wake()
         self.residency.require_awake("generate")
-        started = time.perf_counter()
+        started, started_at = time.perf_counter(), time.time()
         rollout = self.spec.rollout
         repeated = [p for p in prompts for _ in range(rollout.samples_per_prompt)]
         token_ids = [self.tokenizer.encode_prompt(p.text) for p in repeated]
@@ -135,8 +137,15 @@ class RolloutWorker:
             "samples": float(len(repeated)),
             "response_tokens": float(batch.num_response_tokens),
             "seconds": time.perf_counter() - started,
+            "started_at": started_at,
+            "finished_at": time.time(),
+            "weights_version": float(self.weights_version),
         }
         return batch, stats
+
+    def serve_weights_version(self, version: int) -> None:
+        """The weights just received hold `version` actor updates (the driver counts them)."""
+        self.weights_version = version
 
     def sleep(self) -> bool:
         return self.residency.sleep(self.engine.sleep)
@@ -148,7 +157,11 @@ class RolloutWorker:
         return self.residency.state
 
     def drain_transitions(self) -> list[Transition]:
-        drained, self._transitions[:] = list(self._transitions), []
+        # Runs beside a generation (its own concurrency group, roles/build.py): pop one by one, so a
+        # transition appended meanwhile is never lost.
+        drained = []
+        while self._transitions:
+            drained.append(self._transitions.pop(0))
         return drained
 
     def server_urls(self) -> list[str]:
