@@ -10,7 +10,9 @@ from the job's Secret and kept in memory. Depends on aiohttp and `kube`.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import time
 
 import aiohttp
 
@@ -35,9 +37,11 @@ class RayJobsLauncher:
     poll_seconds = 15.0
 
     def __init__(self, *, kube: Kube, options: BuildOptions, run_dir: str | None = None, url_of=dashboard_url,
-                 timeout_s: float = 10):
+                 timeout_s: float = 10, agent_wait_s: float = 60):
         self.kube, self.options, self.run_dir, self.url_of = kube, options, run_dir, url_of
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.agent_wait_s = agent_wait_s
+        """How long a submission waits for a just-started head's job agent to register."""
         self._tokens: dict[str, str] = {}
         """Job uid -> the job's Ray token, as its Secret holds it."""
 
@@ -73,13 +77,19 @@ class RayJobsLauncher:
         spec, _ = job.parse()
         run_dir = self.run_dir or (spec.checkpoint.path if spec else "/checkpoints")
         payload = build_submission(job, attempt=attempt, run_dir=run_dir, options=self.options)
-        async with (
-            aiohttp.ClientSession(timeout=self.timeout, headers=await self._auth(job)) as session,
-            session.post(f"{self.url_of(job, attempt)}/api/jobs/", json=payload) as response,
-        ):
-            text = await response.text()
-            if response.status >= 400 and "already exists" not in text:
-                raise RuntimeError(f"Ray job submission refused ({response.status}): {text[:300]}")
+        deadline = time.monotonic() + self.agent_wait_s
+        async with aiohttp.ClientSession(timeout=self.timeout, headers=await self._auth(job)) as session:
+            while True:
+                async with session.post(f"{self.url_of(job, attempt)}/api/jobs/", json=payload) as response:
+                    status, text = response.status, await response.text()
+                # A head whose dashboard answers before its job agent has registered says so ("No
+                # available agent to submit job, please try again later"): not a refusal, a moment early.
+                if status >= 500 and "no available agent" in text.lower() and time.monotonic() < deadline:
+                    await asyncio.sleep(1.0)
+                    continue
+                break
+        if status >= 400 and "already exists" not in text:
+            raise RuntimeError(f"Ray job submission refused ({status}): {text[:300]}")
         return TrainerRecord(TrainerState.RUNNING, payload["submission_id"], "submitted")
 
     async def stop_others(self, job: Job, keep_attempt: int | None) -> list[int]:

@@ -75,7 +75,7 @@ def test_tiny_example_is_gang_scheduled_and_reports_every_phase(local_cluster, k
         capture_output=True, text=True, check=False).stderr.lower(), timeout=30, interval=1)
 
     table = local_cluster.kubectl("get", "ppojobs", "-n", ns).stdout.splitlines()
-    assert table[0].split() == ["NAME", "PHASE", "STEPS", "WARMUP", "STAGE", "OFFLOAD", "AGE"]
+    assert table[0].split() == ["NAME", "PHASE", "STEPS", "WARMUP", "STAGE", "OFFLOAD", "ETA", "AGE"]
     assert table[1].split()[:5] == ["tiny", "Succeeded", f"{total}/{total}", f"{warmup}/{warmup}", "Done"]
     described = local_cluster.kubectl("describe", "ppojob", "tiny", "-n", ns).stdout
     for reason in ("Created", "GangScheduled", "ClusterReady", "TrainerStarted", "CriticWarmupStep",

@@ -241,6 +241,44 @@ def test_ray_jobs_launcher_submits_once_and_reads_the_state():
 
 
 
+def test_ray_jobs_launcher_waits_for_a_just_started_heads_job_agent_and_no_longer():
+    """Ray's dashboard answers before its job agent has registered: 500 "No available agent", which
+    is a moment too early, not a refusal; any other 500, or the agent never coming, is an error."""
+    async def scenario(agent_after: int, wait_s: float, other_error: bool = False):
+        posts = []
+
+        async def submit(request):
+            posts.append(await request.json())
+            if other_error:
+                return web.Response(status=500, text="Internal error: disk full")
+            if len(posts) <= agent_after:
+                return web.Response(status=500, text="No available agent to submit job, please try again later.")
+            return web.json_response({"submission_id": posts[-1]["submission_id"]})
+
+        app = web.Application()
+        app.router.add_post("/api/jobs/", ray_auth(submit))
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        ray = RayJobsLauncher(kube=SecretKube(), options=BuildOptions(), agent_wait_s=wait_s,
+                              url_of=lambda job, attempt: f"http://127.0.0.1:{port}")
+        try:
+            return await ray.launch(make_job(), 0), len(posts)
+        except RuntimeError as exc:
+            return exc, len(posts)
+        finally:
+            await runner.cleanup()
+
+    record, posts = asyncio.run(scenario(agent_after=2, wait_s=30))
+    assert record.state == TrainerState.RUNNING and posts == 3
+    error, posts = asyncio.run(scenario(agent_after=100, wait_s=1.5))
+    assert isinstance(error, RuntimeError) and "No available agent" in str(error) and 2 <= posts <= 3
+    error, posts = asyncio.run(scenario(agent_after=0, wait_s=30, other_error=True))
+    assert isinstance(error, RuntimeError) and "disk full" in str(error) and posts == 1
+
+
 def test_ray_jobs_launcher_without_the_token_says_so_and_asks_no_dashboard():
     class Forbidden:
         async def get(self, resource, namespace, name):
