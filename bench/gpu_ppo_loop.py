@@ -205,7 +205,6 @@ def run_loop(backend: str, config: dict, args: argparse.Namespace, model: Path, 
 
 def measure_ceilings() -> tuple[float, dict]:
     import torch
-
     from gpu_ppo_step import bf16_ceiling, pinned_bandwidth
 
     ceiling, pinned = bf16_ceiling(), pinned_bandwidth()
@@ -232,7 +231,7 @@ def table(results: list[dict], ceiling: float | None, pinned: dict | None) -> st
         lines.append(f"{label:44}" + "".join(f"{v:>{width}}" for v in values))
 
     for stage in dict.fromkeys(k for r in results for k in r["stage_seconds"]):
-        row(f"stage {stage} s", lambda r: f"{r['stage_seconds'][stage]:.2f}")
+        row(f"stage {stage} s", lambda r, stage=stage: f"{r['stage_seconds'][stage]:.2f}")
     row("step s", lambda r: f"{r['step_seconds']:.2f}")
     row("first step s", lambda r: f"{r['first_step_seconds']:.2f}")
     row("first step compile s (step metric)", lambda r: f"{r['first_step_compile_seconds']:.1f}")
@@ -241,17 +240,17 @@ def table(results: list[dict], ceiling: float | None, pinned: dict | None) -> st
     row("generate tokens/s (engine call)", lambda r: f"{r['probe']['generate_tokens_per_s']:,.0f}")
     row("training passes, share of bf16 ceiling", lambda r: f"{r['probe']['training_mfu']:.1%}")
     for name in dict.fromkeys(n for r in results for n in r["probe"]["passes"]):
-        row(f"  {name} s / mfu", lambda r: f"{r['probe']['passes'][name]['seconds']:.2f} / {r['probe']['passes'][name]['mfu']:.0%}")
+        row(f"  {name} s / mfu", lambda r, name=name: f"{r['probe']['passes'][name]['seconds']:.2f} / {r['probe']['passes'][name]['mfu']:.0%}")
     for name in dict.fromkeys(n for r in results for n in r["probe"]["transfers"]):
-        row(f"  {name} GB, GB/s, of pinned", lambda r: (
+        row(f"  {name} GB, GB/s, of pinned", lambda r, name=name: (
             f"{r['probe']['transfers'][name]['bytes'] / GB:.1f} {r['probe']['transfers'][name]['gb_per_s']:.0f} "
             f"{r['probe']['transfers'][name]['share_of_pinned']:.0%}"))
     for role in dict.fromkeys(k for r in results for k in r["roles"]):
-        row(f"  {role} awake peak GB (alloc/reserved/nvml)", lambda r: (
+        row(f"  {role} awake peak GB (alloc/reserved/nvml)", lambda r, role=role: (
             f"{r['probe']['peak_awake_bytes'][role]['allocated'] / GB:.1f}/"
             f"{r['probe']['peak_awake_bytes'][role]['reserved'] / GB:.1f}/{r['roles'][role]['nvml_peak_bytes'] / GB:.1f}"))
     for role in dict.fromkeys(k for r in results for k in r["roles"]):
-        row(f"  {role} asleep GB (nvml)", lambda r: f"{r['roles'][role]['nvml_asleep_bytes'] / GB:.2f}")
+        row(f"  {role} asleep GB (nvml)", lambda r, role=role: f"{r['roles'][role]['nvml_asleep_bytes'] / GB:.2f}")
     row("all roles asleep GB (nvml)", lambda r: f"{r['all_asleep_nvml_bytes'] / GB:.2f}")
     row("device peak in use GB (nvml)", lambda r: f"{r['device_peak_used_bytes'] / GB:.1f}")
     row("host pinned GB (parked state, all roles)", lambda r: f"{r['probe']['parked_bytes_total'] / GB:.1f}")
@@ -298,7 +297,7 @@ def main() -> None:
                     result = run_loop(backend, config, args, model_dir, work / "prompts.jsonl",
                                       steps=steps, checkpoint_dir=checkpoints, resume=resume,
                                       ceiling=ceiling, pinned=pinned)
-                except Exception:  # keep the other runs' figures; the traceback says what failed
+                except Exception:  # noqa: BLE001 (keep the other runs' figures; the traceback says what failed)
                     traceback.print_exc()
                     break
                 results.append(result | {"model": model_name, "restarted": resume})

@@ -40,7 +40,8 @@ from ppo_trainer.rollout.torch_engine import TorchRolloutEngine
 from ppojob_api.spec import PPOJobSpec
 
 sys.path.insert(0, str(ROOT / "bench"))
-from gpu_workloads import EOS, MODELS, forward_flops as workload_flops
+from gpu_workloads import EOS, MODELS
+from gpu_workloads import forward_flops as workload_flops
 
 QWEN2_5_0_5B = MODELS["qwen2.5-0.5b"]
 PUBLISHED_STEP_SECONDS = 65.0

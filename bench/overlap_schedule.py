@@ -22,16 +22,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "trainer"), str(ROOT / "api")]
 
-from ppo_trainer.cli import configure_ray_auth  # noqa: E402
+from ppo_trainer.cli import configure_ray_auth
 
 configure_ray_auth(joining=False)
 
-import ray  # noqa: E402
+import ray
 
-from ppo_trainer.metrics import StepMetrics  # noqa: E402
-from ppo_trainer.reporting import Recorder  # noqa: E402
-from ppo_trainer.train import run  # noqa: E402
-from ppojob_api.spec import parse_spec  # noqa: E402
+from ppo_trainer.metrics import StepMetrics
+from ppo_trainer.reporting import Recorder
+from ppo_trainer.train import run
+from ppojob_api.spec import parse_spec
 
 SCHEDULES = ("Synchronous", "OneStepOverlap")
 

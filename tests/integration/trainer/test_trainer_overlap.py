@@ -7,6 +7,7 @@ batch's generation, and the recorder below stamps the moment the driver reports 
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import pytest
@@ -43,7 +44,7 @@ class TimedRecorder(Recorder):
         log-probs too), each from the report that entered it to the next report."""
         spans: dict[int, list[tuple[float, float]]] = {}
         reports = list(zip(self.times, self.progress))
-        for i, ((start, progress), (end, _)) in enumerate(zip(reports, reports[1:])):
+        for i, ((start, progress), (end, _)) in enumerate(itertools.pairwise(reports)):
             entered = i == 0 or progress.stage != reports[i - 1][1].stage
             if entered and progress.stage in TRAINING_STAGES:
                 spans.setdefault(progress.step, []).append((start, end))

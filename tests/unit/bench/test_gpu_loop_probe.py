@@ -2,10 +2,9 @@
 
 import types
 
+import gpu_loop_probe
 import pytest
 import torch
-
-import gpu_loop_probe
 from gpu_workloads import MODELS
 
 from ppo_trainer.rollout.base import SamplingParams

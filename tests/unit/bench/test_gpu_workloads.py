@@ -1,10 +1,9 @@
 """gpu_workloads: the model shapes and FLOPs the GPU benches report against the bf16 ceiling."""
 
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
-from torch.utils.flop_counter import FlopCounterMode
-
 from gpu_workloads import MODELS, forward_flops, parameter_count
+from torch.utils.flop_counter import FlopCounterMode
+from transformers import Qwen2Config, Qwen2ForCausalLM
 
 
 def test_parameter_count_equals_the_built_models():
