@@ -631,6 +631,10 @@ class LocalCluster:
                 f"--bind-address={HOST}",
                 f"--secure-port={PORTS['gang-scheduler']}",
                 f"--cert-dir={certs / 'gang-scheduler'}",
+                # A gang the coscheduling plugin rejected waits in the unschedulable queue for a Pod or
+                # PodGroup event only (not a node's arrival), or for this flush: 5 minutes by default,
+                # on a local cluster where nothing else creates pods. Real clusters have the churn.
+                "--pod-max-in-unschedulable-pods-duration=30s",
             ],
             "gang-controller": [
                 f"--metricsAddr={HOST}:{PORTS['gang-controller-metrics']}",

@@ -199,9 +199,9 @@ def test_gang_keeps_all_members_unbound_until_all_fit(local_cluster, k8s_namespa
         assert "FailedScheduling" in reasons, reasons
 
         local_cluster.add_fake_node(nodes[2], gpus=8, labels={"ppojob.test/pool": pool})
-        # The rejected group waits in the scheduler's unschedulable queue until a node event or the
-        # queue's 5-minute flush moves it back: on a loaded machine that can take minutes.
-        wait_until(lambda: len(bound()) == 3, 330, "all gang members to be bound once capacity appeared")
+        # The rejected members wait in the unschedulable queue for a Pod or PodGroup event (coscheduling
+        # registers no node events) or the queue's flush, 30 s on the local cluster (cluster.py).
+        wait_until(lambda: len(bound()) == 3, 120, "all gang members to be bound once capacity appeared")
         for name in members:
             local_cluster.kubectl(
                 "wait", "-n", ns, "--for=jsonpath={.status.phase}=Running", f"pod/{name}", "--timeout=60s"
