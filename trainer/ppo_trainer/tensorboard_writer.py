@@ -24,7 +24,7 @@ class TensorBoardReporter:
         self.writer = None
 
     def report(self, progress: Progress) -> None:
-        pass
+        """Stage changes carry no scalar: the step events hold every metric."""
 
     def event(self, kind: str, **fields: Any) -> None:
         if kind != "step":
