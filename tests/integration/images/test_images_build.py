@@ -110,6 +110,14 @@ def run_flags(socket: Path) -> tuple[str, ...]:
     return ("--runc-root", str(socket.parent / "runc"), "--cgroup", "")
 
 
+def test_the_build_leaves_no_image_chain_that_no_tag_needs(built):
+    buildah = images.Buildah(images.images_dir() / "buildah")
+    result = subprocess.run(buildah.command("rmi", "--prune"), capture_output=True, text=True, env=buildah.env())
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [], "build_images left untagged images that nothing builds on"
+    assert built["timings_s"]["prune"] >= 0
+
+
 def test_the_archives_import_under_the_cri_namespace(imported):
     listed = ctr(imported, "images", "ls", "--quiet").stdout.split()
     assert set(SMALL_IMAGES) <= set(listed)

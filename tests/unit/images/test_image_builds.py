@@ -39,8 +39,9 @@ def test_buildah_keeps_storage_run_state_and_cache_mounts_in_its_own_folder():
 def test_trainer_cpu_build_is_the_trainer_dockerfile_on_the_debian_base_without_gpu_extras():
     operator, trainer = images.dockerfile_images(images.BOOKWORM)
     assert operator == images.DockerfileImage(
-        images.OPERATOR_IMAGE, "images/operator/Dockerfile", (("BASE_IMAGE", images.BOOKWORM.image),)
+        images.OPERATOR_IMAGE, "images/operator/Dockerfile", (("BASE_IMAGE", images.BOOKWORM.image),), ("build",)
     )
+    assert trainer.tagged_stages == ()
     assert trainer.dockerfile == "images/trainer/Dockerfile"
     assert dict(trainer.build_args) == {
         "BASE_IMAGE": images.BOOKWORM.image,
@@ -75,6 +76,19 @@ def test_trainer_cpu_build_is_the_trainer_dockerfile_on_the_debian_base_without_
     )
 
 
+def test_a_tagged_stage_is_built_alone_under_its_own_tag_and_is_a_stage_of_its_dockerfile():
+    operator, _ = images.dockerfile_images(images.BOOKWORM)
+    command = images.bud_command(operator, buildah=BUILDAH, volumes=(), context=Path("/repo"), stage="build")
+    assert command[command.index("--target") : command.index("--target") + 4] == [
+        "--target", "build", "-t", "localhost/ppojob-operator-build:dev"
+    ]
+    assert images.OPERATOR_IMAGE not in command
+    for image in images.dockerfile_images():
+        text = (REPO / image.dockerfile).read_text()
+        for stage in image.tagged_stages:
+            assert f" AS {stage}\n" in text, f"{image.dockerfile} has no stage {stage}"
+
+
 def test_build_args_name_only_what_the_dockerfiles_declare():
     for image in images.dockerfile_images():
         text = (REPO / image.dockerfile).read_text()
@@ -99,15 +113,33 @@ def test_mmdebstrap_makes_a_minimal_bookworm_with_python_and_security_updates():
     assert "deb http://deb.debian.org/debian-security bookworm-security main" in command[5:]
 
 
-def test_push_writes_an_uncompressed_docker_archive_named_as_the_image():
+def test_push_writes_an_oci_archive_with_zstd_layers_named_as_the_image():
     archive = Path("/cache/images/archives/ppojob-operator-dev.tar")
     assert images.push_command(images.OPERATOR_IMAGE, archive, buildah=BUILDAH) == BUILDAH.command(
         "push",
         "--quiet",
-        "--disable-compression",
+        "--compression-format",
+        "zstd",
+        "--compression-level",
+        "1",
         images.OPERATOR_IMAGE,
-        f"docker-archive:{archive}:{images.OPERATOR_IMAGE}",
+        f"oci-archive:{archive}:{images.OPERATOR_IMAGE}",
     )
+
+
+def test_a_step_that_fills_the_disk_says_so_with_the_free_space_and_what_holds_it(monkeypatch, tmp_path):
+    monkeypatch.setenv("PPOJOB_CACHE", str(tmp_path))
+    (tmp_path / "images" / "archives").mkdir(parents=True)
+    (tmp_path / "images" / "archives" / "old.tar").write_bytes(b"x" * 1000)
+    steps = images._Steps(tmp_path / "build.log", images.Buildah(tmp_path / "images" / "buildah"), out=None)
+    with pytest.raises(images.ImagesError) as error:
+        steps.run(["sh", "-c", "echo 'writing blob: write /x.tar.partial: no space left on device'; exit 125"])
+    message = str(error.value)
+    assert "exit 125" in message and "the disk is full" in message
+    assert f"GB free under {tmp_path / 'images'}" in message and "archives 0.0 GB" in message
+    with pytest.raises(images.ImagesError) as other:
+        steps.run(["sh", "-c", "echo 'pip: no matching distribution'; exit 1"])
+    assert "the disk is full" not in str(other.value)
 
 
 def test_archive_paths_are_in_the_cache_and_distinct(monkeypatch, tmp_path):
