@@ -268,11 +268,6 @@ class PPOJobSpec(_Model):
             data=unset(parallel.data, actor.parallelism.data),
         )
 
-    @property
-    def train_offload(self) -> bool:
-        """With a critic, actor and critic take turns on the same devices, so they must offload."""
-        return self.offload.train or self.critic.enabled
-
 
 @dataclass(frozen=True, kw_only=True)
 class TrainingRole:

@@ -45,6 +45,21 @@ def test_offload_transitions_of_one_ppo_step(roles):
     assert [kind for kind, _ in recorder.events].count("transition") == len(events)
 
 
+def test_offload_train_false_keeps_actor_critic_and_reference_resident(ray_session):
+    spec = tiny_spec(ppo={"numRollouts": 1}, offload={"train": False})
+    roles = build_roles(spec, compute_layout(spec, use_gpus=False), timeout=120)
+    try:
+        recorder = Recorder()
+        run_on(roles, spec, reporter=recorder, checkpoint_dir=None)
+        training = [(r, frm, to) for r, frm, to in transitions(recorder) if r in ("actor", "critic", "ref")]
+        assert training == [], f"offload.train false, yet training roles moved: {training}"
+        _, states = roles.poll()
+        assert states["actor"] == states["critic"] == states["ref"] == ON
+        assert per_role(transitions(recorder), "rollout") == [("Awake", "Asleep"), ("Asleep", "Awake")]
+    finally:
+        roles.shutdown()
+
+
 def test_offload_double_sleep_is_a_noop(roles):
     assert roles.critic.call(roles.critic.worker_class.state) == [OFF]
     assert roles.critic.call(roles.critic.worker_class.sleep) == [False]

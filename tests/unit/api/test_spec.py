@@ -36,7 +36,7 @@ def problems_of(raw) -> list[str]:
 def test_parse_spec_fills_defaults_like_the_api_server():
     spec = parse_spec(make_spec())
     assert spec.ppo.num_rollouts == 10 and spec.ppo.lam == 0.95 and spec.placement == Placement.COLOCATE
-    assert spec.critic.enabled and spec.train_offload
+    assert spec.critic.enabled and spec.offload.train
     assert spec.critic_learning_rate == spec.actor.learning_rate
 
 

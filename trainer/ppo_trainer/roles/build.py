@@ -262,7 +262,7 @@ def build_roles(spec: PPOJobSpec, layout: Layout, *, timeout: float, builtin_sgl
     train_pg = placement_group(train_bundles, strategy="PACK")
     _wait(train_pg, what="training", bundles=train_bundles, timeout=timeout)
     pgs = [train_pg]
-    offload = spec.train_offload
+    offload = spec.offload.train
 
     cache_env = compile_cache_env(compile_cache_dir(checkpoint_dir))
     runtime_env = {"runtime_env": {"env_vars": cache_env}} if cache_env else {}
