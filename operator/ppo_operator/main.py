@@ -194,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         phases = metrics.JobPhases()
         metrics.register(registry, phases)
         metrics.count_watch_restarts(shown_level=logging.getLogger().getEffectiveLevel())
-        metrics.serve(args.metrics_port, metrics.build_registry(api_counts=kube.counts, phases=phases))
+        metrics.serve(args.metrics_port, metrics.build_registry(api_counts=kube.counts, phases=phases,
+                                                              serving=leadership.is_serving))
     gc_timer = tune_gc(args.gc_full_every)
     if args.stats_file and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGUSR1, lambda *_: write_stats(args.stats_file, kube))

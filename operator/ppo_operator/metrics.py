@@ -7,7 +7,10 @@ What each one counts, and where it is observed:
 * `ppojob_operator_reconcile_duration_seconds`: one observation per pass of a job's loop
   (`handlers.run_job`), failed passes included.
 * `ppojob_operator_ppojobs{phase}`: the PPOJobs the operator's watch shows, by `status.phase`
-  (every phase of the vocabulary, zeros included; a job not yet given a phase is in none).
+  (every phase of the vocabulary, zeros included; a job not yet given a phase is in none). All
+  zeros while the replica stands by, so that a sum over replicas counts each job once.
+* `ppojob_operator_serving`: 1 while this replica serves its jobs, 0 while it stands by (peering:
+  another replica leads).
 * `ppojob_operator_watch_restarts_total{resource,reason}`: kopf's watch streams that started again:
   `Gone` (410, the resource version expired: kopf lists again) or `Inactive` (no event within
   kopf's inactivity timeout: it reconnects). Read from kopf's own debug records of them.
@@ -23,7 +26,7 @@ from __future__ import annotations
 import collections
 import logging
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 from wsgiref.simple_server import WSGIServer
 
@@ -87,10 +90,11 @@ class JobPhases:
 
 
 class OperatorCollector(Collector):
-    """The metrics read at scrape time: API requests from `Kube.counts`, PPOJobs by phase."""
+    """The metrics read at scrape time: API requests from `Kube.counts`, PPOJobs by phase, serving."""
 
-    def __init__(self, api_counts: collections.Counter[str], phases: JobPhases) -> None:
-        self.api_counts, self.phases = api_counts, phases
+    def __init__(self, api_counts: collections.Counter[str], phases: JobPhases,
+                 serving: Callable[[], bool]) -> None:
+        self.api_counts, self.phases, self.serving = api_counts, phases, serving
 
     def collect(self) -> Iterator[Metric]:
         requests = CounterMetricFamily("ppojob_operator_api_requests", "API requests the reconcile made, by verb and "
@@ -99,17 +103,23 @@ class OperatorCollector(Collector):
             verb, _, resource = key.partition(" ")
             requests.add_metric([verb, resource], value)
         yield requests
-        jobs = GaugeMetricFamily("ppojob_operator_ppojobs", "PPOJobs the operator's watch shows, by status.phase.",
-                                 labels=["phase"])
+        serving = self.serving()
+        yield GaugeMetricFamily("ppojob_operator_serving", "1 while this replica serves its jobs, 0 while it "
+                                "stands by.", value=int(serving))
+        jobs = GaugeMetricFamily("ppojob_operator_ppojobs", "PPOJobs the operator's watch shows, by status.phase "
+                                 "(zeros while standing by).", labels=["phase"])
         for phase, count in self.phases.counts().items():
-            jobs.add_metric([phase], count)
+            jobs.add_metric([phase], count if serving else 0)
         yield jobs
 
 
-def build_registry(*, api_counts: collections.Counter[str], phases: JobPhases) -> CollectorRegistry:
-    """A registry of everything above, and the process's CPU, memory and open files."""
+def build_registry(*, api_counts: collections.Counter[str], phases: JobPhases,
+                   serving: Callable[[], bool] = lambda: True) -> CollectorRegistry:
+    """A registry of everything above, and the process's CPU, memory and open files. `serving`:
+    whether this replica serves its jobs now (`Leadership.is_serving`)."""
     registry = CollectorRegistry()
-    for collector in (RECONCILE_SECONDS, WATCH_RESTARTS, TRAINER_REPORTS, OperatorCollector(api_counts, phases)):
+    for collector in (RECONCILE_SECONDS, WATCH_RESTARTS, TRAINER_REPORTS,
+                      OperatorCollector(api_counts, phases, serving)):
         registry.register(collector)
     ProcessCollector(registry=registry)
     return registry

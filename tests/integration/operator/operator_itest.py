@@ -1,10 +1,13 @@
-"""Helpers of the operator's integration tests: read PPOJobs and children, wait, record phases."""
+"""Helpers of the operator's integration tests: read PPOJobs and children, wait, record phases,
+scrape an operator's /metrics."""
 
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,6 +15,7 @@ from typing import Any
 import urllib3
 import yaml
 from kubernetes import client, config, watch
+from prometheus_client.parser import text_string_to_metric_families
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
@@ -109,3 +113,19 @@ def tiny_manifest(name: str = "tiny", **spec_overrides) -> dict:
         else:
             manifest["spec"][key] = value
     return manifest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape(port: int) -> dict[tuple[str, tuple], float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def sample(samples: dict, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import OperatorProcess
-from operator_itest import apply, kget, tiny_manifest, wait_for, wait_phase
+from operator_itest import apply, free_port, kget, sample, scrape, tiny_manifest, wait_for, wait_phase
 
 pytestmark = [pytest.mark.cluster]
 
@@ -30,10 +30,17 @@ def test_an_outranked_replica_stands_by_and_the_job_is_not_restarted(local_clust
                           input="apiVersion: kopf.dev/v1\nkind: KopfPeering\nmetadata: {name: ppojob}\n")
     shared_state = tmp_path / "state"  # the local launcher's trainers: B adopts what A started
 
+    ports = {"low": free_port(), "high": free_port()}
+
     def replica(name: str, priority: int) -> OperatorProcess:
         return OperatorProcess(local_cluster, ns, tmp_path / name,
-                               ["--peering", "ppojob", "--priority", str(priority), "--state-dir", str(shared_state)],
+                               ["--peering", "ppojob", "--priority", str(priority), "--state-dir", str(shared_state),
+                                "--metrics-port", str(ports[name])],
                                {"STANDIN_STEP_SECONDS": "0.4"})
+
+    def serving_and_training(name: str) -> tuple[float, float]:
+        samples = scrape(ports[name])
+        return sample(samples, "ppojob_operator_serving"), sample(samples, "ppojob_operator_ppojobs", phase="Training")
 
     low, high = replica("low", 10), replica("high", 20)
     for process in (low, high):
@@ -53,6 +60,8 @@ def test_an_outranked_replica_stands_by_and_the_job_is_not_restarted(local_clust
         assert writes(low) == low_writes, "the outranked replica wrote to the API while standing by"
         assert during.get("attempt") == before.get("attempt") and during.get("restarts", 0) == 0, during
         assert during["progress"]["step"] > before["progress"]["step"], "the serving replica folded no report"
+        # Metrics: only the leader counts the job, so a sum over the replicas counts it once.
+        assert serving_and_training("low") == (0, 0) and serving_and_training("high") == (1, 1)
         high.stop()  # a clean exit takes its entry out of the peering object
         wait_for("the first replica serving again", lambda: "now serves" in low.log().rsplit("stands by", 1)[-1],
                  timeout=30)

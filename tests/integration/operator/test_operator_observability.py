@@ -6,16 +6,13 @@ operator (not kopf), and the TensorBoard event files in the run directory."""
 from __future__ import annotations
 
 import re
-import socket
 import subprocess
 import sys
 import threading
-import urllib.request
 from pathlib import Path
 
 import pytest
-from operator_itest import apply, kget, tiny_manifest, wait_for, wait_phase
-from prometheus_client.parser import text_string_to_metric_families
+from operator_itest import apply, free_port, kget, sample, scrape, tiny_manifest, wait_for, wait_phase
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -23,22 +20,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 PPO_TRAIN = Path(sys.executable).with_name("ppo-train")
 STEPS, WARMUP = 8, 2
 DURATION = re.compile(r"^(\d+s|\d+m\d\ds|\d+h\d\dm|\d+d\d\dh)$")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def scrape(port: int) -> dict[tuple[str, tuple], float]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
-
-
-def sample(samples: dict, name: str, **labels: str) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
 def get_columns(cluster, namespace: str, name: str) -> dict[str, str]:

@@ -81,6 +81,17 @@ def test_phase_gauge_follows_the_watch(phases):
     assert set(phases.counts()) == {p.value for p in Phase}
 
 
+def test_a_standby_replica_says_so_and_counts_no_jobs(phases):
+    serving = [False]
+    registry = metrics.build_registry(api_counts=collections.Counter(), phases=phases, serving=lambda: serving[0])
+    phases.watched("ADDED", ("ns", "a"), {"phase": Phase.TRAINING.value})
+    assert value(registry, "ppojob_operator_serving") == 0
+    assert value(registry, "ppojob_operator_ppojobs", phase="Training") == 0
+    serving[0] = True  # took over: the watch's view counts again
+    assert value(registry, "ppojob_operator_serving") == 1
+    assert value(registry, "ppojob_operator_ppojobs", phase="Training") == 1
+
+
 def test_folded_reports_are_changes_of_the_watched_progress(phases):
     registry = metrics.build_registry(api_counts=collections.Counter(), phases=phases)
 
