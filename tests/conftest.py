@@ -8,10 +8,14 @@ started at the end of the session. Tests that use it are marked `@pytest.mark.cl
 real node's containerd, for tests whose pods run containers there.
 
 `k8s_namespace` (function): a fresh namespace on that cluster, deleted after the test.
+
+At the end of a run the terminal summary gives the seconds each tier (unit, integration, e2e, gpu)
+and the slowest test files took, setup and teardown included: where a CI run's time goes.
 """
 
 from __future__ import annotations
 
+import collections
 import re
 import uuid
 
@@ -64,3 +68,23 @@ def k8s_namespace(local_cluster, request):
     local_cluster.kubectl("wait", "--for=create", "serviceaccount/default", "-n", name, "--timeout=60s")
     yield name
     local_cluster.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
+
+
+_SECONDS_BY_FILE: collections.Counter[str] = collections.Counter()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _SECONDS_BY_FILE[report.nodeid.split("::", 1)[0]] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if not _SECONDS_BY_FILE:
+        return
+    tiers: collections.Counter[str] = collections.Counter()
+    for path, seconds in _SECONDS_BY_FILE.items():
+        parts = path.split("/")
+        tiers[parts[1] if len(parts) > 2 and parts[0] == "tests" else parts[0]] += seconds
+    terminalreporter.write_sep("=", "seconds by tier and by test file (setup and teardown included)")
+    terminalreporter.write_line("  ".join(f"{tier} {seconds:.0f}s" for tier, seconds in tiers.most_common()))
+    for path, seconds in _SECONDS_BY_FILE.most_common(15):
+        terminalreporter.write_line(f"{seconds:8.1f}s  {path}")
