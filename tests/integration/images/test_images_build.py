@@ -112,7 +112,8 @@ def run_flags(socket: Path) -> tuple[str, ...]:
 
 def test_the_build_leaves_no_image_chain_that_no_tag_needs(built):
     buildah = images.Buildah(images.images_dir() / "buildah")
-    result = subprocess.run(buildah.command("rmi", "--prune"), capture_output=True, text=True, env=buildah.env())
+    result = subprocess.run(buildah.command("rmi", "--prune"), capture_output=True, text=True, env=buildah.env(),
+                            check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == [], "build_images left untagged images that nothing builds on"
     assert built["timings_s"]["prune"] >= 0
