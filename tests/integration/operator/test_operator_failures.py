@@ -73,7 +73,10 @@ def test_a_deleted_worker_pod_restarts_from_the_checkpoint(local_cluster, k8s_na
     job = wait_phase(local_cluster, ns, "tiny", "Succeeded", "Failed", timeout=120)
     assert job["status"]["phase"] == "Succeeded", job["status"]
     assert job["status"]["progress"]["attempt"] == 1 and job["status"]["children"]["rayCluster"] == "tiny-a1"
-    assert children(local_cluster, ns, "podgroups.scheduling.x-k8s.io") == []  # finished: torn down
+    # Finished: torn down. The operator writes Succeeded first and deletes in the same pass, so a
+    # look right after the phase may still find the pod group (seen once in a CI run).
+    wait_for("the pod group torn down", lambda: children(local_cluster, ns, "podgroups.scheduling.x-k8s.io") == [],
+             timeout=30)
     log = (next(operator.state_dir.glob(f"{ns}/tiny-*/a1")) / "trainer.log").read_text()
     assert "--resume" in log and "from step 0" not in log
 
