@@ -21,6 +21,16 @@ from ppo_operator.launchers.ray_jobs import RayJobsLauncher
 from ppo_operator.observed import TrainerState
 
 
+async def serve_on_loopback(app: web.Application) -> tuple[web.AppRunner, int]:
+    """A dashboard stand-in served on a free loopback port: its runner (to clean up) and the port."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, site._server.sockets[0].getsockname()[1]
+
+
+
 class TokenKube:
     server = "https://127.0.0.1:6443"
     verifies_tls = True
@@ -209,11 +219,7 @@ def test_ray_jobs_launcher_submits_once_and_reads_the_state():
         app = web.Application()
         app.router.add_post("/api/jobs/", ray_auth(submit))
         app.router.add_get("/api/jobs/{id}", ray_auth(info))
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
+        runner, port = await serve_on_loopback(app)
         kube = SecretKube()
         ray = RayJobsLauncher(kube=kube, options=BuildOptions(), url_of=lambda job, attempt: f"http://127.0.0.1:{port}")
         job = make_job()
@@ -257,11 +263,7 @@ def test_ray_jobs_launcher_waits_for_a_just_started_heads_job_agent_and_no_longe
 
         app = web.Application()
         app.router.add_post("/api/jobs/", ray_auth(submit))
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
+        runner, port = await serve_on_loopback(app)
         ray = RayJobsLauncher(kube=SecretKube(), options=BuildOptions(), agent_wait_s=wait_s,
                               url_of=lambda job, attempt: f"http://127.0.0.1:{port}")
         try:
