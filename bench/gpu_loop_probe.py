@@ -27,11 +27,15 @@ def _role_of(worker) -> str:
     return "rollout" if hasattr(worker, "engine") else worker.role
 
 
-def install(worker, config: dict) -> tuple[str, int]:
-    """Wrap `worker`'s backend or engine; returns (role, pid)."""
+def install(worker, configs: dict[str, dict], weights_group_backend: str | None = None) -> tuple[str, int]:
+    """Wrap `worker`'s backend or engine (`configs`: each role's model shape, for the FLOPs); on the
+    actor, also time the values handoff (`gather_values`: the critic's rows picked by sample id).
+    `weights_group_backend` replaces the weight-update group's backend of actor rank 0 (the
+    one-GPU Disaggregated run: NCCL refuses two ranks on one device, so gloo). Returns (role, pid)."""
     import torch
 
     role = _role_of(worker)
+    config = configs[role]
     target = worker.engine if role == "rollout" else worker.backend
     cuda = torch.cuda.is_available() and str(getattr(target, "device", "cuda")).startswith("cuda")
     records: list[dict] = []
@@ -73,6 +77,26 @@ def install(worker, config: dict) -> tuple[str, int]:
 
     for method in ENGINE_METHODS if role == "rollout" else TRAIN_METHODS:
         wrap(method)
+    if role == "actor":
+        from ppo_trainer.roles import actor as actor_module
+
+        inner_gather = actor_module.gather_values
+
+        def timed_gather(*args, **kwargs):
+            started = time.perf_counter()
+            result = inner_gather(*args, **kwargs)
+            records.append({"role": role, "method": "gather_values", "seconds": time.perf_counter() - started,
+                            "time": time.time()})
+            return result
+
+        actor_module.gather_values = timed_gather
+    sync = getattr(worker, "_sync", None)
+    if weights_group_backend and sync is not None:
+        connected = sync.connected
+        sync.disconnect()
+        sync.backend = weights_group_backend
+        if connected:
+            sync.connect()
     return role, os.getpid()
 
 
@@ -118,6 +142,9 @@ def summarize(processes: list[dict], *, ceiling_tflops: float | None, pinned: di
         decode = [r["timing"]["decode_seconds"] for r in generated if "decode_seconds" in r.get("timing", {})]
         if decode:
             out["decode_seconds"] = sum(decode) / steps
+    gathered = [r for r in records if r["method"] == "gather_values"]
+    if gathered:
+        out["values_handoff_seconds"] = sum(r["seconds"] for r in gathered) / steps
     for r in (r for r in records if "bytes" in r and r["bytes"] > 0):
         entry = out["transfers"].setdefault(f"{r['role']} {r['method']}",
                                             {"bytes": r["bytes"], "seconds": 0.0, "copy_seconds": 0.0, "calls": 0})

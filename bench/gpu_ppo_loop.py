@@ -14,11 +14,24 @@ asleep. `--restart` runs each backend twice on one checkpoint directory: a cold 
 resumed job in fresh processes, with the compile caches where the product places them (under
 the checkpoint directory; the bench clears PPO_COMPILE_CACHE_DIR so that the cold run is cold), and
 each step's compile seconds are the product's own step metric.
+`--placement Disaggregated --schedules Synchronous,OneStepOverlap` compares the two schedules with
+the engine in a process of its own that never sleeps: on one GPU, Ray is told of two GPUs and
+leaves CUDA_VISIBLE_DEVICES alone, so the engine and the training roles share the device as two
+shares, and the weight-update group runs over gloo (NCCL refuses two ranks on one device); on
+two GPUs (`--gpus 2`) each side has its own and the group is NCCL. `--critic-model` and
+`--critic-backend` give the critic a model and backend of its own (the values still go to the
+actor by sample id through the object store; the actor's picking of its rows is timed).
+`--compile-cache DIR` keeps the compile caches of every run of the call there (later runs start
+warm); without it each job's go under its own checkpoint directory.
 Steps after the first are averaged (the first compiles). Writes loop.json into --out.
 
     python3 bench/gpu_ppo_loop.py --out $OUT/loop --steps 4 --backends Torch,Megatron
     python3 bench/gpu_ppo_loop.py --out $OUT/loop --models qwen2.5-3b --micro-batch-size 16 --steps 3
     python3 bench/gpu_ppo_loop.py --out $OUT/restart --backends Torch --steps 2 --restart
+    python3 bench/gpu_ppo_loop.py --out $OUT/overlap --backends Torch --placement Disaggregated \
+        --schedules Synchronous,OneStepOverlap --compile-cache /tmp/cc
+    python3 bench/gpu_ppo_loop.py --out $OUT/critic --backends Megatron --critic-model qwen2.5-0.5b-narrow \
+        --critic-backend Torch
 """
 
 from __future__ import annotations
@@ -106,26 +119,41 @@ class MemorySampler:
         self._thread.join()
 
 
-def build_spec(backend: str, args: argparse.Namespace, model: Path, prompts: Path, *, steps: int,
-               checkpoint_interval: int) -> object:
+def one_gpu_disaggregated(args: argparse.Namespace) -> bool:
+    return args.placement == "Disaggregated" and args.gpus == 1
+
+
+def build_spec(backend: str, schedule: str, args: argparse.Namespace, model: Path, prompts: Path, *, steps: int,
+               checkpoint_interval: int, critic_model: Path | None) -> object:
     parallelism = {"tensor": args.tensor, "pipeline": args.pipeline}
+    disaggregated = args.placement == "Disaggregated"
+    critic = {"parallelism": parallelism}
+    if critic_model is not None:
+        critic["model"] = str(critic_model)
+    if args.critic_backend:
+        critic["backend"] = args.critic_backend
+        if args.critic_backend != backend:
+            critic["parallelism"] = {"tensor": 1, "pipeline": 1}
     return parse_spec({
         "image": "bench", "seed": 1,
         "model": {"path": str(model), "tokenizer": "builtin:tiny", "dtype": "bfloat16"},
         "actor": {"backend": backend, "microBatchSize": args.micro_batch_size, "learningRate": 1e-6,
                   "parallelism": parallelism},
-        "critic": {"parallelism": parallelism},
-        "rollout": {"batchSize": args.prompts, "maxNewTokens": args.max_new_tokens, "temperature": 1.0},
-        "ppo": {"numRollouts": steps, "numCriticOnlySteps": 0, "epochs": 1},
+        "critic": critic,
+        "placement": args.placement,
+        "rollout": {"batchSize": args.prompts, "maxNewTokens": args.max_new_tokens, "temperature": 1.0,
+                    "gpus": 1 if disaggregated else 0},
+        "ppo": {"numRollouts": steps, "numCriticOnlySteps": 0, "epochs": 1, "schedule": schedule},
         "data": {"prompts": str(prompts)},
-        "offload": {"train": True, "rollout": True, "processGroups": args.process_groups},
+        # Disaggregated: the engine keeps its GPU (OneStepOverlap refuses offload.rollout; Synchronous alike, to compare).
+        "offload": {"train": True, "rollout": not disaggregated, "processGroups": args.process_groups},
         "checkpoint": {"interval": checkpoint_interval},
-        "resources": {"nodes": 1, "gpusPerNode": max(args.gpus, 1)},
+        "resources": {"nodes": 1, "gpusPerNode": max(args.gpus, 1) + int(one_gpu_disaggregated(args))},
     })
 
 
-def run_loop(backend: str, config: dict, args: argparse.Namespace, model: Path, prompts: Path, *,
-             steps: int, checkpoint_dir: Path | None, resume: bool,
+def run_loop(backend: str, schedule: str, configs: dict[str, dict], args: argparse.Namespace, model: Path,
+             prompts: Path, *, steps: int, checkpoint_dir: Path | None, resume: bool, critic_model: Path | None,
              ceiling: float | None, pinned: dict | None) -> dict:
     """One job (fresh Ray, fresh processes) through `run_on`, probed, that runs `steps` steps (after
     the checkpoint's when resuming: the job is then 2 x `steps` long); its figures."""
@@ -134,15 +162,20 @@ def run_loop(backend: str, config: dict, args: argparse.Namespace, model: Path, 
     from ppo_trainer.roles.build import build_roles, compute_layout
     from ppo_trainer.train import run_on
 
-    spec = build_spec(backend, args, model, prompts, steps=steps * (2 if resume else 1),
-                      checkpoint_interval=steps if checkpoint_dir else 0)
+    spec = build_spec(backend, schedule, args, model, prompts, steps=steps * (2 if resume else 1),
+                      checkpoint_interval=steps if checkpoint_dir else 0, critic_model=critic_model)
     # Ray's workers inherit this environment: the bench's modules (the probe). The compile caches go
     # where build_roles puts them: under the checkpoint directory, never an override's (a cold run stays cold).
     saved = dict(os.environ)
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT.parent / "trainer"), str(ROOT.parent / "api"),
                                                 os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     os.environ.pop(OVERRIDE_ENV, None)
-    ray.init(num_gpus=args.gpus, include_dashboard=False, logging_level="WARNING",
+    if args.compile_cache:
+        os.environ[OVERRIDE_ENV] = str(args.compile_cache)
+    shared_gpu = one_gpu_disaggregated(args)
+    if shared_gpu:  # every process sees the one device; Ray counts two
+        os.environ["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] = "1"
+    ray.init(num_gpus=args.gpus + int(shared_gpu), include_dashboard=False, logging_level="WARNING",
              _temp_dir=tempfile.mkdtemp(prefix="ppo-loop-ray-"))
     started = time.perf_counter()
     sampler = MemorySampler() if args.gpus else None
@@ -153,7 +186,8 @@ def run_loop(backend: str, config: dict, args: argparse.Namespace, model: Path, 
                             checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None)
         try:
             handles = [h for g in roles.groups for h in g.handles]
-            ray.get([h.__ray_call__.remote(gpu_loop_probe.install, config) for h in handles])
+            ray.get([h.__ray_call__.remote(gpu_loop_probe.install, configs, "gloo" if shared_gpu else None)
+                     for h in handles])
             build_seconds = time.perf_counter() - started
             state = run_on(roles, spec, reporter=clock, checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None,
                            resume=resume)
@@ -173,10 +207,12 @@ def run_loop(backend: str, config: dict, args: argparse.Namespace, model: Path, 
         os.environ.update(saved)
     history = state.history[-steps:] if resume else state.history
     step_list = [{"seconds": h["seconds"], "stages": h["stage_seconds"], "tokens": h["response_tokens"],
-                  "compile_seconds": h["compile_seconds"]} for h in history]
+                  "compile_seconds": h["compile_seconds"], "generation_seconds": h["generation_seconds"],
+                  "staleness": h["staleness"]} for h in history]
     for index, step in enumerate(step_list):
         stages = ", ".join(f"{k} {v:.2f}" for k, v in step["stages"].items())
-        print(f"[{backend}] step {index}: {step['seconds']:.2f} s, {step['tokens']} tokens; {stages}", flush=True)
+        print(f"[{backend} {schedule}] step {index}: {step['seconds']:.2f} s, {step['tokens']} tokens, staleness"
+              f" {step['staleness']}; {stages}", flush=True)
     measured = step_list[1:] or step_list
     first_end = clock.step_ends[0] if len(step_list) > 1 else 0.0
     after_first = [p | {"records": [r for r in p["records"] if r["time"] > first_end]} for p in processes]
@@ -190,8 +226,13 @@ def run_loop(backend: str, config: dict, args: argparse.Namespace, model: Path, 
             entry["nvml_peak_bytes"] = sampler.peak_by_pid.get(p["pid"], 0)
             entry["nvml_asleep_bytes"] = nvml_asleep.get(p["pid"], 0)
             entry["reserved_asleep_bytes"] = a.get("reserved_now", 0)
+    waited = statistics.mean(s["stages"]["generate"] for s in measured)
+    generated = statistics.mean(s["generation_seconds"] for s in measured)
     return {
-        "backend": backend, "wall_seconds": time.perf_counter() - started, "build_seconds": build_seconds,
+        "backend": backend, "schedule": schedule, "placement": args.placement,
+        "critic": {"model": args.critic_model or "actor's", "backend": spec.training_role("critic").backend.value},
+        "wall_seconds": time.perf_counter() - started, "build_seconds": build_seconds,
+        "generation_seconds": generated, "generation_hidden_share": 1 - waited / generated if generated else None,
         "steps": step_list, "first_step_seconds": step_list[0]["seconds"],
         "first_step_compile_seconds": step_list[0]["compile_seconds"],
         "step_seconds": statistics.mean(s["seconds"] for s in measured),
@@ -217,7 +258,8 @@ def table(results: list[dict], ceiling: float | None, pinned: dict | None) -> st
     if ceiling:
         lines.append(f"ceilings: bf16 matmul {ceiling:.0f} TFLOP/s; pinned copy {pinned['to_device']:.1f} GB/s to device, "
                      f"{pinned['to_host']:.1f} GB/s to host")
-    heads = [f"{r['model']} {r['backend']}{' restart' if r.get('restarted') else ''}" for r in results]
+    heads = [f"{r['model']} {r['backend']}{' ' + r['schedule'] if r['schedule'] != 'Synchronous' else ''}"
+             f"{' restart' if r.get('restarted') else ''}" for r in results]
     width = max(24, *(len(h) + 2 for h in heads))
     lines.append(f"{'(per step, steps 2..)':44}" + "".join(f"{h:>{width}}" for h in heads))
 
@@ -237,6 +279,8 @@ def table(results: list[dict], ceiling: float | None, pinned: dict | None) -> st
     row("first step compile s (step metric)", lambda r: f"{r['first_step_compile_seconds']:.1f}")
     row("compile s (all roles, whole run)", lambda r: f"{sum(v['compile_seconds'] for v in r['roles'].values()):.1f}")
     row("generated tokens per step", lambda r: f"{r['tokens_per_step']:,.0f}")
+    row("generation s (engine), hidden share", lambda r: f"{r['generation_seconds']:.2f} {r['generation_hidden_share']:.0%}")
+    row("values handoff s (actor picks its rows)", lambda r: f"{r['probe']['values_handoff_seconds']:.4f}")
     row("generate tokens/s (engine call)", lambda r: f"{r['probe']['generate_tokens_per_s']:,.0f}")
     row("training passes, share of bf16 ceiling", lambda r: f"{r['probe']['training_mfu']:.1%}")
     for name in dict.fromkeys(n for r in results for n in r["probe"]["passes"]):
@@ -273,9 +317,16 @@ def main() -> None:
     parser.add_argument("--pipeline", type=int, default=1, help="Megatron's pipeline-parallel size")
     parser.add_argument("--process-groups", action=argparse.BooleanOptionalAction, default=True,
                         help="offload.processGroups: destroy and rebuild the roles' process groups around sleep")
+    parser.add_argument("--schedules", default="Synchronous", help="comma-separated ppo.schedule values")
+    parser.add_argument("--placement", default="Colocate", choices=("Colocate", "Disaggregated"))
+    parser.add_argument("--critic-model", choices=sorted(MODELS), help="a critic of its own (default: the actor's)")
+    parser.add_argument("--critic-backend", choices=("Torch", "Megatron"), help="default: the actor's")
+    parser.add_argument("--compile-cache", type=Path, help="one compile-cache folder for every run of the call")
     parser.add_argument("--restart", action="store_true",
                         help="each backend twice on one checkpoint directory: cold, then resumed in fresh processes")
     args = parser.parse_args()
+    if args.restart and args.compile_cache:
+        parser.error("--restart measures a cold job against a resumed one: leave --compile-cache out")
     args.out.mkdir(parents=True, exist_ok=True)
     ceiling, pinned = measure_ceilings() if args.gpus else (None, None)
     if ceiling:
@@ -285,27 +336,35 @@ def main() -> None:
     from gpu_ppo_step import make_checkpoint
 
     results = []
+    critic_model = None
+    if args.critic_model:
+        critic_model = work / args.critic_model
+        make_checkpoint(critic_model, seed=1, config=MODELS[args.critic_model])
     for model_name in args.models.split(","):
         config = MODELS[model_name]
+        configs = {"actor": config, "ref": config, "rollout": config,
+                   "critic": MODELS[args.critic_model] if args.critic_model else config}
         model_dir = work / model_name
         make_checkpoint(model_dir, seed=0, config=config)
         for backend in args.backends.split(","):
-            runs = [(False, args.steps)] + ([(True, args.steps)] if args.restart else [])
-            checkpoints = work / f"checkpoints-{model_name}-{backend}" if args.restart else None
-            for resume, steps in runs:
-                try:
-                    result = run_loop(backend, config, args, model_dir, work / "prompts.jsonl",
-                                      steps=steps, checkpoint_dir=checkpoints, resume=resume,
-                                      ceiling=ceiling, pinned=pinned)
-                except Exception:  # noqa: BLE001 (keep the other runs' figures; the traceback says what failed)
-                    traceback.print_exc()
-                    break
-                results.append(result | {"model": model_name, "restarted": resume})
-                (args.out / "loop.json").write_text(json.dumps(
-                    {"args": vars(args) | {"out": str(args.out)}, "ceiling_tflops": ceiling, "pinned_gb_per_s": pinned,
-                     "results": results}, indent=1))
-                print(f"[{model_name} {backend}{' restart' if resume else ''}] step {result['step_seconds']:.2f} s, "
-                      f"first {result['first_step_seconds']:.2f} s (compiling {result['first_step_compile_seconds']:.1f} s), wall {result['wall_seconds']:.0f} s", flush=True)
+            for schedule in args.schedules.split(","):
+                runs = [(False, args.steps)] + ([(True, args.steps)] if args.restart else [])
+                checkpoints = work / f"checkpoints-{model_name}-{backend}-{schedule}" if args.restart else None
+                for resume, steps in runs:
+                    try:
+                        result = run_loop(backend, schedule, configs, args, model_dir, work / "prompts.jsonl",
+                                          steps=steps, checkpoint_dir=checkpoints, resume=resume,
+                                          critic_model=critic_model, ceiling=ceiling, pinned=pinned)
+                    except Exception:  # noqa: BLE001 (keep the other runs' figures; the traceback says what failed)
+                        traceback.print_exc()
+                        break
+                    results.append(result | {"model": model_name, "restarted": resume})
+                    (args.out / "loop.json").write_text(json.dumps(
+                        {"args": vars(args) | {"out": str(args.out), "compile_cache": str(args.compile_cache)},
+                         "ceiling_tflops": ceiling, "pinned_gb_per_s": pinned, "results": results}, indent=1))
+                    print(f"[{model_name} {backend} {schedule}{' restart' if resume else ''}] step"
+                          f" {result['step_seconds']:.2f} s, first {result['first_step_seconds']:.2f} s (compiling"
+                          f" {result['first_step_compile_seconds']:.1f} s), wall {result['wall_seconds']:.0f} s", flush=True)
         shutil.rmtree(model_dir)
     text = table(results, ceiling, pinned)
     (args.out / "loop.txt").write_text(text + "\n")

@@ -18,6 +18,9 @@ MODELS = {
                                        "num_attention_heads": 14, "num_key_value_heads": 2},
     "qwen2.5-3b": _QWEN2_5_COMMON | {"hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36,
                                      "num_attention_heads": 16, "num_key_value_heads": 2},
+    # A critic of its own for workload A's actor: half the layers, narrower, the same vocabulary.
+    "qwen2.5-0.5b-narrow": _QWEN2_5_COMMON | {"hidden_size": 640, "intermediate_size": 3456, "num_hidden_layers": 12,
+                                              "num_attention_heads": 10, "num_key_value_heads": 2},
     # A CPU dry run of the benches' wiring: the same vocabulary, two narrow layers.
     "qwen2-test": _QWEN2_5_COMMON | {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
                                      "num_attention_heads": 4, "num_key_value_heads": 2},

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -33,3 +35,35 @@ def test_round_trip_is_exact_and_the_second_offload_is_one_copy():
     mirror.to_host(list(slots), put)
     assert mirror.last_transfer["copies"] == 1
     assert torch.equal(slots[1], expected[1] + 1.0) and torch.equal(slots[0], expected[0])
+
+
+
+def test_pinned_buffers_take_their_exact_size_where_torchs_allocator_rounds_up():
+    """3 GiB + 1 byte: pinned_empty adds that much resident host memory; torch's pinned allocator
+    (the control, last: it keeps its block cached) adds the next power of two, 4 GiB."""
+    from ppo_trainer.models.residency import pinned_empty
+
+    size = 3 * 2**30 + 1
+    before = _resident_bytes()
+    host = pinned_empty(size, torch.uint8)
+    assert host.is_pinned() and host.numel() == size
+    added = _resident_bytes() - before
+    assert size - 2**24 <= added < size + 2**24, added
+    device = torch.arange(251, dtype=torch.uint8, device="cuda").repeat(1000)
+    host[-device.numel():].copy_(device, non_blocking=True)
+    torch.cuda.synchronize()
+    assert torch.equal(host[-device.numel():].cuda(), device)
+    del host
+    assert _resident_bytes() - before < 2**28  # the 3 GiB went back (the copies above leave some megabytes)
+    before = _resident_bytes()
+    rounded = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+    assert _resident_bytes() - before >= 4 * 2**30 - 2**24
+    del rounded
+
+
+def _resident_bytes() -> int:
+    """This process's resident host memory, from /proc (VmRSS)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")

@@ -31,6 +31,7 @@ def test_summarize_per_step_shares_of_the_ceilings():
         {"records": [record("rollout", "generate", 2.0, tokens=100_000, timing={"decode_seconds": 1.5}),
                      record("rollout", "generate", 2.0, tokens=60_000, timing={"decode_seconds": 1.5}),
                      record("rollout", "sleep", 0.1, bytes=0, copy_seconds=0.0)]},
+        {"records": [record("actor", "gather_values", 0.004), record("actor", "gather_values", 0.002)]},
     ]
     out = gpu_loop_probe.summarize(processes, ceiling_tflops=600.0, pinned={"to_device": 50.0, "to_host": 50.0},
                                    steps=2)
@@ -46,6 +47,7 @@ def test_summarize_per_step_shares_of_the_ceilings():
     assert out["peak_awake_bytes"]["actor"] == {"allocated": 61e9, "reserved": 63e9}
     assert out["parked_bytes"] == {"actor": 20e9}
     assert out["parked_bytes_total"] == 20e9
+    assert out["values_handoff_seconds"] == pytest.approx(0.003)
 
 
 def test_installed_probe_times_the_engine_and_returns_its_results_unchanged():
@@ -55,7 +57,7 @@ def test_installed_probe_times_the_engine_and_returns_its_results_unchanged():
     prompts = [[5, 6, 7], [8, 9]]
     params = SamplingParams(max_new_tokens=6, temperature=1.0, seed=3)
     expected = engine.generate(prompts, params)
-    role, _ = gpu_loop_probe.install(worker, MODELS["qwen2-test"])
+    role, _ = gpu_loop_probe.install(worker, {"rollout": MODELS["qwen2-test"]})
     got = engine.generate(prompts, params)
     assert role == "rollout"
     assert torch.equal(got.response_tokens, expected.response_tokens)

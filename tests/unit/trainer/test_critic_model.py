@@ -173,3 +173,17 @@ def test_a_critic_with_another_tokenizer_is_refused_naming_both(tmp_path):
     directory = hf_model_dir(tmp_path)
     with pytest.raises(ValueError, match=r"critic.model .* has another tokenizer than the actor's .*builtin:tiny"):
         CriticWorker(make_spec(model=str(directory)), rank=0, world_size=1, device="cpu", offload=False)
+
+
+def test_a_critic_directory_without_a_tokenizer_reads_model_tokenizer_or_is_refused(tmp_path):
+    from transformers import LlamaConfig
+
+    from ppo_trainer.models.tokenizer import check_same_tokenizer
+    from ppojob_api.spec import ModelSpec
+
+    LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                num_attention_heads=4, num_key_value_heads=2).save_pretrained(tmp_path)
+    critic = ModelSpec(path=str(tmp_path))
+    check_same_tokenizer(ModelSpec(path="builtin:tiny", tokenizer="builtin:tiny"), critic)
+    with pytest.raises(ValueError, match=r"critic.model .* holds no tokenizer .* set model.tokenizer"):
+        check_same_tokenizer(ModelSpec(path="builtin:tiny"), critic)

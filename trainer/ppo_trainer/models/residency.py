@@ -14,6 +14,7 @@ Must not depend on models, optimizers or the PPO loop: callers decide which tens
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -24,6 +25,27 @@ ALIGNMENT = 512
 
 Put = Callable[[int, torch.Tensor], None]
 """`put(index, moved)`: the caller replaces its tensor number `index` with `moved`."""
+
+
+def pinned_empty(shape: tuple[int, ...] | torch.Size | int, dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised host tensor whose pages are locked at its exact size.
+
+    torch's own pinned allocator (`pin_memory=True`) rounds every allocation up to a power of two:
+    a role's 43 GB of parked optimizer state would lock 64 GB of host memory. Here the pages are an
+    ordinary host allocation registered with the driver (cudaHostRegister), unregistered when the
+    tensor is collected. Keep the returned tensor itself for as long as its views are used.
+    """
+    tensor = torch.empty(shape, dtype=dtype)
+    size = tensor.untyped_storage().nbytes()
+    if size == 0:
+        return tensor
+    cudart = torch.cuda.cudart()
+    error = cudart.cudaHostRegister(tensor.data_ptr(), size, 0)
+    if int(error) != 0:
+        raise RuntimeError(f"cudaHostRegister of {size / 1e9:.2f} GB of host memory failed (CUDA error {int(error)}):"
+                           " the host may be out of lockable memory (ulimit -l) or of memory")
+    weakref.finalize(tensor, cudart.cudaHostUnregister, tensor.data_ptr())
+    return tensor
 
 
 def _aligned(size: int) -> int:
@@ -59,7 +81,8 @@ class HostMirror:
         layout = self._plan([tensors[i] for i in moving])
         if self._host is None or layout != self._layout:
             total = layout[-1][0] + _aligned(_nbytes(layout[-1]))
-            self._host = torch.empty(total, dtype=torch.uint8, pin_memory=True)
+            self._host = None  # unpinned before the next one is locked
+            self._host = pinned_empty(total, torch.uint8)
             self._layout = layout
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         flat = self._device_flat

@@ -114,8 +114,23 @@ def vocabulary_fingerprint(tokenizer: Tokenizer) -> str:
     return digest.hexdigest()
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
 def check_same_tokenizer(actor: ModelSpec, critic: ModelSpec) -> None:
-    """Raise unless the critic's model reads token ids as the actor's tokenizer writes them."""
+    """Raise unless the critic's model reads token ids as the actor's tokenizer writes them. A
+    critic directory without tokenizer files of its own takes the actor's `model.tokenizer`, when set."""
+    from ppo_trainer.models.sources import resolve_model_dir
+
+    directory = resolve_model_dir(critic.path)
+    if (critic.tokenizer is None and directory is not None
+            and not any((directory / name).exists() for name in TOKENIZER_FILES)):
+        if actor.tokenizer is not None:
+            return
+        raise ValueError(
+            f"critic.model {critic.path!r} holds no tokenizer ({', '.join(TOKENIZER_FILES)}) to check against the"
+            " actor's: add the actor's tokenizer files to it, or set model.tokenizer, which the critic then reads too"
+        )
     actor_tokenizer, critic_tokenizer = load_tokenizer(actor), load_tokenizer(critic)
     if vocabulary_fingerprint(actor_tokenizer) != vocabulary_fingerprint(critic_tokenizer):
         raise ValueError(

@@ -59,6 +59,7 @@ from ppo_trainer.backends.megatron.config import gpt_model_kwargs, transformer_c
 from ppo_trainer.batch import RolloutBatch
 from ppo_trainer.distributed import GroupKey, find_process_groups, group_key, repoint_process_groups
 from ppo_trainer.models.builtin import builtin_config, resolve_dtype, resolve_model_dir
+from ppo_trainer.models.residency import pinned_empty
 from ppo_trainer.rollout.layout import aligned_rows
 from ppojob_api.spec import ModelSpec
 
@@ -162,7 +163,8 @@ class _Parking:
         if keep:
             host = self.host.get(key)
             if host is None or host.shape != tensor.shape or host.dtype != tensor.dtype:
-                host = self.host[key] = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+                self.host.pop(key, None)
+                host = self.host[key] = pinned_empty(tensor.shape, tensor.dtype)
             host.copy_(tensor, non_blocking=True)
             self.bytes += tensor.nbytes
         self.sizes[key] = tensor.untyped_storage().nbytes()
