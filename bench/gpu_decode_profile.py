@@ -54,7 +54,7 @@ def parts(engine: TorchRolloutEngine, batch: int, capacity: int, filled: int) ->
     model, config = engine.model, engine.model.config
     decoder = StaticKVDecoder(model, batch=batch, capacity=capacity)
     decoder.valid[:, :filled] = True
-    kv, group, dim = decoder.kv_heads, decoder.group, decoder.head_dim
+    kv, group, dim = decoder.kv_heads, decoder.heads // decoder.kv_heads, decoder.head_dim
     q = torch.randn(batch, kv, group, dim, device="cuda", dtype=torch.bfloat16)
     keys = torch.randn(batch, kv, capacity, dim, device="cuda", dtype=torch.bfloat16)
     values = torch.randn_like(keys)
@@ -68,11 +68,11 @@ def parts(engine: TorchRolloutEngine, batch: int, capacity: int, filled: int) ->
     layer = model.model.layers[0]
     with torch.inference_mode():
         out = {
-            "attention, one layer (SDPA, stacked query heads, bias)": device_ms(
+            "attention, one layer (SDPA, query heads stacked per kv head, bias)": device_ms(
                 lambda: F.scaled_dot_product_attention(q, keys, values, attn_mask=bias)),
             "attention, one layer (SDPA, no mask)": device_ms(
                 lambda: F.scaled_dot_product_attention(q, keys, values)),
-            "attention, one layer (SDPA enable_gqa, [B,H,1,D], bias)": device_ms(
+            "attention, one layer (SDPA enable_gqa, [B,H,1,D], bias: the engine)": device_ms(
                 lambda: F.scaled_dot_product_attention(q_heads, keys, values, attn_mask=bias_heads, enable_gqa=True)),
             "attention, one layer (matmul, softmax, matmul)": device_ms(
                 lambda: (torch.matmul(q, keys.transpose(-1, -2)).float().add_(bias).softmax(-1).to(q.dtype)

@@ -85,9 +85,9 @@ class StaticKVDecoder:
 
     `prefill` runs the left-padded prompts (columns 0..P-1 of the cache); `step` runs one token
     per row into the cache column `slot`. Attention is one fused `scaled_dot_product_attention`
-    per layer, per key/value head with its group of query heads stacked ([B, kv, group * q_len,
-    D] against [B, kv, L, D]), so grouped-query keys are never repeated; the validity of keys is
-    an additive bias built once per pass. Masked keys get the dtype's lowest value rather than
+    per layer with grouped-query heads (`enable_gqa`: [B, heads, S, D] against [B, kv, L, D],
+    keys and values never repeated; on an H200 a third faster than stacking each key/value head's
+    query heads); the validity of keys is an additive bias built once per pass. Masked keys get the dtype's lowest value rather than
     -inf, so a padding query (which sees no key) yields finite garbage instead of NaNs. Rotary
     embedding is x * cos + roll(x) * signed sin, with cos and sin computed once per pass.
     """
@@ -105,7 +105,7 @@ class StaticKVDecoder:
         if any(getattr(layer.self_attn, "sliding_window", None) for layer in self.layers):
             raise ValueError("sliding-window attention layers are not supported by the torch rollout engine")
         self.kv_heads = config.num_key_value_heads
-        self.group = attention.num_key_value_groups
+        self.heads = config.num_attention_heads
         self.head_dim = attention.head_dim
         self.scaling = attention.scaling
         weight = model.lm_head.weight
@@ -148,22 +148,20 @@ class StaticKVDecoder:
         half = self.head_dim // 2
         sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
         batch, length = ids.shape
-        q_cos, q_sin = cos[:, None, :, None], sin[:, None, :, None]  # against [B, kv, S, group, D]
-        k_cos, k_sin = cos[:, None], sin[:, None]
-        # [B, query, key] -> an additive bias [B, 1, group * query, key] matching the stacked query heads.
-        allowed = allowed[:, None, :, None].expand(-1, 1, -1, self.group, -1).flatten(2, 3)
-        bias = torch.zeros(allowed.shape, dtype=x.dtype, device=x.device)
-        bias.masked_fill_(~allowed, torch.finfo(x.dtype).min)
+        cos, sin = cos[:, None], sin[:, None]  # against [B, heads, S, D]
+        bias = torch.zeros(allowed[:, None].shape, dtype=x.dtype, device=x.device)  # [B, 1, query, key]
+        bias.masked_fill_(~allowed[:, None], torch.finfo(x.dtype).min)
         for index, layer in enumerate(self.layers):
             attention = layer.self_attn
             h = rms_norm(layer.input_layernorm, x)
-            q = attention.q_proj(h).view(batch, length, self.kv_heads, self.group, self.head_dim).transpose(1, 2)
-            q = torch.addcmul(q * q_cos, q.roll(half, dims=-1), q_sin).flatten(2, 3)  # [B, kv, S * group, D]
+            q = attention.q_proj(h).view(batch, length, self.heads, self.head_dim).transpose(1, 2)
             k = attention.k_proj(h).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
             v = attention.v_proj(h).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
-            keys, values = write(index, torch.addcmul(k * k_cos, k.roll(half, dims=-1), k_sin), v)
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, scale=self.scaling)
-            x = x + attention.o_proj(out.reshape(batch, self.kv_heads, length, -1).transpose(1, 2).reshape(batch, length, -1))
+            keys, values = write(index, torch.addcmul(k * cos, k.roll(half, dims=-1), sin), v)
+            q = torch.addcmul(q * cos, q.roll(half, dims=-1), sin)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, scale=self.scaling,
+                                                 enable_gqa=self.heads != self.kv_heads)
+            x = x + attention.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
             x = x + layer.mlp(rms_norm(layer.post_attention_layernorm, x))
         return self.model.lm_head(rms_norm(inner.norm, x[:, -1]))
 
