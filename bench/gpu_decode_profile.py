@@ -2,11 +2,12 @@
 
 Builds the engine (`rollout/torch_engine.py`) on a random Qwen2.5 checkpoint of the chosen shape,
 times a whole `generate` (256 prompts of ~100 tokens, 512 new tokens; its decode loop is one
-captured CUDA graph a step), then profiles eager decoding steps with torch.profiler (the same
-kernels, without the graph) and prints the kernels by device time, and times the step's parts on
-their own at the step's shapes: the attention of one layer, the output layer, the sampling. The
-figures say which part to make faster; nothing here changes the engine. Writes decode.json and
-the profiler's table into --out.
+captured CUDA graph a step) with the sampling compiled (the engine's default on a GPU) and
+eager, then profiles decoding steps with torch.profiler (the same kernels, without the graph)
+and prints the kernels by device time, and times the step's parts on their own at the step's
+shapes: the attention of one layer, the output layer, the sampling. The figures say which part
+to make faster; nothing here changes the engine. Writes decode.json and the profiler's table
+into --out.
 
     python3 bench/gpu_decode_profile.py --out $OUT/decode
 """
@@ -17,6 +18,7 @@ import argparse
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -84,8 +86,10 @@ def parts(engine: TorchRolloutEngine, batch: int, capacity: int, filled: int) ->
                 layer.self_attn.q_proj(hidden), layer.self_attn.k_proj(hidden), layer.self_attn.v_proj(hidden),
                 layer.self_attn.o_proj(hidden))),
             "output layer (lm_head)": device_ms(lambda: model.lm_head(hidden)),
-            "sampling (inverse CDF: float, exp, cumsum, searchsorted)": device_ms(
+            "sampling (two-level inverse CDF), eager": device_ms(
                 lambda: sample_tokens(logits, temperature=1.0, top_p=1.0, uniform=uniform)),
+            "sampling (two-level inverse CDF), compiled: the engine's": device_ms(
+                lambda: engine.sample(logits, temperature=1.0, top_p=1.0, uniform=uniform)),
             "sampling, exponential race (argmax of p / Exp(1)) with its log-prob": device_ms(
                 lambda: _race(logits)),
             "log_softmax + gather (the token's log-prob alone)": device_ms(
@@ -112,16 +116,17 @@ def profile_steps(engine: TorchRolloutEngine, prompts: list[list[int]], steps: i
     decoder = StaticKVDecoder(engine.model, batch=ids.shape[0], capacity=width + 512)
     positions = position_ids(mask)
     uniform = torch.rand(ids.shape[0], device="cuda")
+    sample = engine.sample
     with torch.inference_mode():
         logits = decoder.prefill(ids, mask, positions)
-        token, _ = sample_tokens(logits, temperature=1.0, top_p=1.0, uniform=uniform)
+        token, _ = sample(logits, temperature=1.0, top_p=1.0, uniform=uniform)
         position = positions[:, -1] + 1
         slot = torch.full((1,), width, dtype=torch.long, device="cuda")
 
         def step():
             nonlocal token
             logits = decoder.step(token, position, slot)
-            token, _ = sample_tokens(logits, temperature=1.0, top_p=1.0, uniform=uniform)
+            token, _ = sample(logits, temperature=1.0, top_p=1.0, uniform=uniform)
             position.add_(1)
             slot.add_(1)
 
@@ -147,20 +152,27 @@ def main() -> None:
     directory = Path(tempfile.mkdtemp(prefix="decode-")) / args.model
     make_checkpoint(directory, seed=0, config=MODELS[args.model])
     spec = ModelSpec(path=str(directory), tokenizer="builtin:tiny", dtype="bfloat16")
-    engine = TorchRolloutEngine(model_spec=spec, device="cuda", seed=0, eos_token_id=EOS, pad_token_id=EOS)
     prompts = make_prompts(args.prompts, 100, seed=0)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0, seed=1)
-    engine.generate(prompts, params)  # warm-up
-    runs = []
-    for _ in range(2):
-        generation = engine.generate(prompts, params)
-        timing = dict(engine.last_timing)
-        tokens = int(generation.response_mask.sum())
-        columns = generation.response_tokens.shape[1]
-        runs.append(timing | {"tokens": tokens, "columns": columns,
-                              "decode_ms_per_step": timing["decode_seconds"] * 1e3 / max(columns - 1, 1),
-                              "tokens_per_s": tokens / sum(timing.values())})
-        print(json.dumps(runs[-1]), flush=True)
+    runs, engines, outputs = [], {}, {}
+    for sampling in ("compiled", "eager"):
+        engine = engines[sampling] = TorchRolloutEngine(
+            model_spec=spec, device="cuda", seed=0, eos_token_id=EOS, pad_token_id=EOS, compiled=sampling == "compiled")
+        started = time.perf_counter()
+        engine.generate(prompts, params)  # warm-up (and compiling)
+        warm_up = time.perf_counter() - started
+        for _ in range(2):
+            generation = outputs[sampling] = engine.generate(prompts, params)
+            timing = dict(engine.last_timing)
+            tokens = int(generation.response_mask.sum())
+            columns = generation.response_tokens.shape[1]
+            runs.append(timing | {"sampling": sampling, "warm_up_seconds": warm_up, "tokens": tokens, "columns": columns,
+                                  "decode_ms_per_step": timing["decode_seconds"] * 1e3 / max(columns - 1, 1),
+                                  "tokens_per_s": tokens / sum(timing.values())})
+            print(json.dumps(runs[-1]), flush=True)
+    same = (outputs["compiled"].response_tokens == outputs["eager"].response_tokens).float().mean().item()
+    print(f"compiled and eager decoding: {same:.2%} of token positions equal (a row that diverges differs after)")
+    engine = engines["compiled"]
     width = max(len(p) for p in prompts)
     measured = {filled: parts(engine, args.prompts, width + args.max_new_tokens, filled)
                 for filled in (width + 64, width + args.max_new_tokens)}
@@ -169,10 +181,10 @@ def main() -> None:
         for name, ms in figures.items():
             print(f"  {ms:8.3f}  {name}")
     table = profile_steps(engine, prompts, args.profile_steps)
-    print(f"\nkernels over {args.profile_steps} eager steps:\n{table}")
+    print(f"\nkernels over {args.profile_steps} decoding steps (compiled sampling, no graph):\n{table}")
     (args.out / "profile.txt").write_text(table)
     (args.out / "decode.json").write_text(json.dumps({"args": vars(args) | {"out": str(args.out)}, "runs": runs,
-                                                      "parts_ms": measured}, indent=1))
+                                                      "same_tokens": same, "parts_ms": measured}, indent=1))
 
 
 if __name__ == "__main__":

@@ -9,12 +9,19 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import types
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from ppo_trainer.distributed import RoleProcessGroup, find_process_groups, group_key, repoint_process_groups
+from ppo_trainer.distributed import (
+    RoleProcessGroup,
+    find_process_groups,
+    group_key,
+    merge_groups_of_the_same_ranks,
+    repoint_process_groups,
+)
 
 Pair = collections.namedtuple("Pair", "group other")
 
@@ -91,3 +98,13 @@ def test_one_rank_group_builds_and_destroys_around_hooks_as_reported_transitions
     assert seen == [("connected", True), ("disconnecting", True)] * 2
     assert [(t.role, t.to_state) for t in transitions] == [("ref.process_group", "Connected"),
                                                            ("ref.process_group", "Disconnected")] * 2
+
+
+def test_groups_of_the_same_ranks_are_merged_into_the_default_group(no_world):
+    tensor, data = build_world()
+    state = types.SimpleNamespace(TENSOR=tensor, DATA=data, LISTED=[data, tensor], NOT_A_GROUP=3, EMPTY=[])
+    assert merge_groups_of_the_same_ranks(state) == 4
+    world = dist.group.WORLD
+    assert state.TENSOR is world and state.DATA is world and state.LISTED == [world, world]
+    assert state.NOT_A_GROUP == 3 and state.EMPTY == []
+    assert merge_groups_of_the_same_ranks(state) == 0

@@ -177,18 +177,21 @@ class Roles:
     weight_sync: WeightSync
     placement_groups: list[PlacementGroup] = field(default_factory=list)
     compiled_seconds: float = 0.0
-    """What `take_compile_seconds` last read, summed over the training roles' processes."""
+    """What `take_compile_seconds` last read, summed over the roles' processes."""
 
     @property
     def groups(self) -> list[RoleGroup]:
         return [g for g in (self.rollout, self.actor, self.critic, self.ref) if g is not None]
 
     def take_compile_seconds(self) -> float:
-        """Seconds the training roles' processes (actor, critic, reference; every rank) spent in
+        """Seconds every role's processes (engines, actor, critic, reference; every rank) spent in
         torch.compile since the last call (the first: since they started), summed over the
-        processes. The engines compile nothing: their decoding is a captured CUDA graph."""
-        handles = [h for g in (self.actor, self.critic, self.ref) if g is not None for h in g.handles]
-        total = sum(ray.get([h.__ray_call__.remote(process_compile_seconds) for h in handles]))
+        processes. An engine answers beside a generation in flight (ppo.schedule OneStepOverlap)."""
+        calls = [h.__ray_call__.remote(process_compile_seconds) for g in (self.actor, self.critic, self.ref)
+                 if g is not None for h in g.handles]
+        calls += [h.__ray_call__.options(concurrency_group=STATUS_CALLS).remote(process_compile_seconds)
+                  for h in self.rollout.handles]
+        total = sum(ray.get(calls))
         seconds, self.compiled_seconds = total - self.compiled_seconds, total
         return seconds
 

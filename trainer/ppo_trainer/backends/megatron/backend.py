@@ -57,7 +57,13 @@ from ppo_trainer.backends.megatron import conversion
 from ppo_trainer.backends.megatron.attention import layer_spec
 from ppo_trainer.backends.megatron.config import gpt_model_kwargs, transformer_config_kwargs
 from ppo_trainer.batch import RolloutBatch
-from ppo_trainer.distributed import GroupKey, find_process_groups, group_key, repoint_process_groups
+from ppo_trainer.distributed import (
+    GroupKey,
+    find_process_groups,
+    group_key,
+    merge_groups_of_the_same_ranks,
+    repoint_process_groups,
+)
 from ppo_trainer.models.builtin import builtin_config, resolve_dtype, resolve_model_dir
 from ppo_trainer.models.residency import pinned_empty
 from ppo_trainer.rollout.layout import aligned_rows
@@ -91,6 +97,7 @@ def ensure_parallel_state(*, tensor: int, pipeline: int, seed: int | None) -> No
         parallel_state.initialize_model_parallel(
             tensor_model_parallel_size=tensor, pipeline_model_parallel_size=pipeline, order="tp-cp-ep-pp-dp"
         )
+        merge_groups_of_the_same_ranks(parallel_state)  # one communicator per set of ranks, not per kind
     if seed is not None:
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
 
