@@ -32,7 +32,13 @@ from gpu_workloads import EOS, MODELS
 
 from ppo_trainer.rollout.base import SamplingParams
 from ppo_trainer.rollout.layout import left_pad, position_ids
-from ppo_trainer.rollout.torch_engine import StaticKVDecoder, TorchRolloutEngine, sample_tokens
+from ppo_trainer.rollout.torch_engine import (
+    StaticKVDecoder,
+    TorchRolloutEngine,
+    attention_inputs,
+    layer_output,
+    sample_tokens,
+)
 from ppojob_api.spec import ModelSpec
 
 
@@ -68,6 +74,17 @@ def parts(engine: TorchRolloutEngine, batch: int, capacity: int, filled: int) ->
     logits = model.lm_head(hidden)
     uniform = torch.rand(batch, device="cuda")
     layer = model.model.layers[0]
+    weights = decoder.weights[0]
+    cos, sin = model.model.rotary_emb(hidden[:, None], torch.full((batch, 1), filled - 1, device="cuda"))
+    cos, sin = cos[:, None], sin[:, None]
+
+    def before(x):
+        return attention_inputs(x, weights, cos, sin, eps=decoder.eps, heads=decoder.heads, kv_heads=kv)
+
+    def after(x, attended):
+        return layer_output(x, attended, weights, eps=decoder.eps, activation=decoder.activation)
+
+    compiled_before, compiled_after = torch.compile(before, dynamic=False), torch.compile(after, dynamic=False)
     with torch.inference_mode():
         out = {
             "attention, one layer (SDPA, query heads stacked per kv head, bias)": device_ms(
@@ -82,6 +99,11 @@ def parts(engine: TorchRolloutEngine, batch: int, capacity: int, filled: int) ->
             "attention, one layer, only the filled columns (SDPA, no mask)": device_ms(
                 lambda: F.scaled_dot_product_attention(q, keys[:, :, :filled], values[:, :, :filled])),
             "MLP, one layer": device_ms(lambda: layer.mlp(hidden[:, None])),
+            "a layer before attention (norm, q/k/v, rotary), eager": device_ms(lambda: before(hidden[:, None])),
+            "a layer before attention, torch.compile": device_ms(lambda: compiled_before(hidden[:, None])),
+            "a layer after attention (o, residual, norm, MLP, residual), eager": device_ms(
+                lambda: after(hidden[:, None], q_heads)),
+            "a layer after attention, torch.compile": device_ms(lambda: compiled_after(hidden[:, None], q_heads)),
             "q, k, v, o projections, one layer": device_ms(lambda: (
                 layer.self_attn.q_proj(hidden), layer.self_attn.k_proj(hidden), layer.self_attn.v_proj(hidden),
                 layer.self_attn.o_proj(hidden))),

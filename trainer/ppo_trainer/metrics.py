@@ -50,7 +50,7 @@ class StepMetrics:
     generated_at: tuple[float, float] | None = None
     """When the engines generated the batch: (first start, last end), Unix seconds."""
     compile_seconds: float | None = None
-    """Seconds the training roles' processes spent in torch.compile during the step, summed over
+    """Seconds the roles' processes (engines included) spent in torch.compile during the step, summed over
     the processes (the first step of a job pays the compiles; warm caches make them short)."""
 
     @property

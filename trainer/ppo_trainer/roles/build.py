@@ -12,7 +12,7 @@ means "cuda". `build_roles` waits for the placement groups for a bounded time an
 what was asked and what the cluster has, instead of hanging; it then sets up the data-parallel
 groups of the actor and the critic. Every role's process gets the compile caches' environment
 (`compile_cache.py`: under the checkpoint directory, so a restarted job finds them), and
-`Roles.take_compile_seconds` says how long the training roles' processes spent compiling. An
+`Roles.take_compile_seconds` says how long the roles' processes spent compiling. An
 SGLang engine's server is launched by its rollout worker,
 on the worker's bundle; `builtin_sglang_server` serves it with the built-in server instead (tests
 and development on CPUs), through the same launcher.
