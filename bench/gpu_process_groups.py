@@ -3,8 +3,10 @@
 Builds the default group and megatron's model-parallel groups as a waking role does, runs one
 collective on each group a model would use (NCCL builds a communicator per group at its first
 collective), then tears them down as a sleeping role does; three cycles, with megatron's groups
-as it builds them and with groups of the same ranks merged (`merge_groups_of_the_same_ranks`,
-what the Megatron backend does). Prints, per cycle, the seconds of each part and the GPU memory
+as it builds them, with groups of the same ranks merged (`merge_groups_of_the_same_ranks`,
+what the Megatron backend does), and merged with the destroy on a thread (`Teardown`, what a
+sleeping role does) while the role's offload copies 2 GiB to pinned host memory, against the same
+copy alone. Prints, per cycle, the seconds of each part and the GPU memory
 the communicators held; writes process_groups.json into --out.
 
     python3 bench/gpu_process_groups.py --out $OUT/groups
@@ -27,7 +29,7 @@ sys.path[:0] = [str(ROOT.parent / "trainer"), str(ROOT.parent / "api")]
 
 from megatron.core import parallel_state
 
-from ppo_trainer.distributed import merge_groups_of_the_same_ranks
+from ppo_trainer.distributed import Teardown, merge_groups_of_the_same_ranks
 
 
 def used_groups() -> dict[str, dist.ProcessGroup]:
@@ -44,7 +46,18 @@ def free_mib() -> float:
     return torch.cuda.mem_get_info()[0] / 2**20
 
 
+def offload_copy(device: torch.Tensor, host: torch.Tensor) -> float:
+    """Seconds to copy `device` into pinned `host` (a sleeping role's offload)."""
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    host.copy_(device, non_blocking=True)
+    torch.cuda.synchronize()
+    return time.perf_counter() - started
+
+
 def cycles(variant: str, count: int) -> list[dict]:
+    weights = torch.ones(1 << 29, device="cuda")  # 2 GiB
+    parked = torch.empty(weights.shape, dtype=weights.dtype, pin_memory=True)
     store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=60))
     probe = torch.ones(1 << 20, device="cuda")
     out = []
@@ -53,7 +66,7 @@ def cycles(variant: str, count: int) -> list[dict]:
         started = time.perf_counter()
         dist.init_process_group("nccl", store=dist.PrefixStore(f"{variant}/{n}/", store), rank=0, world_size=1)
         parallel_state.initialize_model_parallel(1, 1, order="tp-cp-ep-pp-dp")
-        if variant == "merged":
+        if variant != "as built":
             merge_groups_of_the_same_ranks(parallel_state)
         built = time.perf_counter()
         groups = used_groups()
@@ -62,12 +75,24 @@ def cycles(variant: str, count: int) -> list[dict]:
         torch.cuda.synchronize()
         first_collectives = time.perf_counter()
         held = before - free_mib()
+        copy_alone_s = offload_copy(weights, parked)
         teardown = time.perf_counter()
         parallel_state.destroy_model_parallel()
-        dist.destroy_process_group()
-        done = time.perf_counter()
+        threaded = {}
+        if variant == "merged, on a thread":
+            destroying = Teardown(dist.destroy_process_group, name="bench teardown")
+            returned = time.perf_counter()
+            threaded["copy_beside_destroy_s"] = offload_copy(weights, parked)
+            waited = time.perf_counter()
+            destroying.join()
+            threaded["join_wait_s"] = time.perf_counter() - waited
+            threaded["copy_alone_s"] = copy_alone_s
+            done = returned
+        else:
+            dist.destroy_process_group()
+            done = time.perf_counter()
         out.append({"variant": variant, "cycle": n, "build_s": built - started,
-                    "first_collectives_s": first_collectives - built, "destroy_s": done - teardown,
+                    "first_collectives_s": first_collectives - built, "destroy_s": done - teardown, **threaded,
                     "communicators": len({id(g) for g in groups.values()}), "held_mib": held,
                     "released_mib": free_mib() - (before - held)})
         print(json.dumps(out[-1]), flush=True)
@@ -82,7 +107,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     torch.cuda.set_device(0)
     print(f"NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}", flush=True)
-    runs = [row for variant in ("as built", "merged") for row in cycles(variant, args.cycles)]
+    runs = [row for variant in ("as built", "merged", "merged, on a thread") for row in cycles(variant, args.cycles)]
     (args.out / "process_groups.json").write_text(json.dumps(runs, indent=1))
 
 

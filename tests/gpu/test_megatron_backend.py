@@ -126,8 +126,9 @@ def test_megatron_critic_values_have_the_batch_layout(checkpoint):
     assert values.shape == (4, 6) and torch.all(values[batch.response_mask == 0] == 0)
 
 
-def test_compiled_torch_backend_equals_eager_for_log_probs_values_and_a_train_step(checkpoint):
-    """`compile` (the trunk through torch.compile, rows padded to widths of 64) changes no result."""
+@pytest.mark.parametrize("kind", ["torch", "megatron"])
+def test_compiled_backend_equals_eager_for_log_probs_values_and_a_train_step(checkpoint, kind):
+    """`compile` (each decoder layer through torch.compile; Torch pads rows to widths of 64) changes no result."""
     batch = make_batch()
 
     def loss_fn(output, rows):
@@ -135,7 +136,7 @@ def test_compiled_torch_backend_equals_eager_for_log_probs_values_and_a_train_st
         return (out * batch.response_mask[rows].to(out.device)).pow(2).mean(), {}
 
     for role, key in (("actor", "log_probs"), ("critic", "values")):
-        eager, compiled = make("torch", checkpoint, role), make("torch", checkpoint, role, compile=True)
+        eager, compiled = make(kind, checkpoint, role), make(kind, checkpoint, role, compile=True)
         torch.testing.assert_close(compiled.forward(batch)[key], eager.forward(batch)[key], atol=1e-4, rtol=0)
         eager.train(batch, loss_fn, micro_batch_size=2)
         compiled.train(batch, loss_fn, micro_batch_size=2)

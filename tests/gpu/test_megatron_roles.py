@@ -66,8 +66,10 @@ def test_a_sleeping_megatron_role_holds_no_process_group_and_trains_on_identical
         return worker.log_probs(batch)
 
     sleeping = ActorWorker(spec, rank=0, world_size=1, device="cuda", offload=True)
+    sleeping.process_group.finish_teardown()
     assert not dist.is_initialized()  # built, then put to sleep: its group is gone
     after_sleeps = two_updates(sleeping)
+    sleeping.process_group.finish_teardown()
     assert not dist.is_initialized()
     transitions = sleeping.drain_transitions()
     states = [(t.role, t.to_state) for t in transitions]
@@ -85,6 +87,7 @@ def test_a_sleeping_megatron_role_holds_no_process_group_and_trains_on_identical
     sleeping.residency.sleep(sleeping.backend.offload)
     with_groups = used_bytes()
     sleeping.process_group.disconnect()
+    sleeping.process_group.finish_teardown()
     without_groups = used_bytes()
     print(f"\nasleep with the process groups: {with_groups / 2**20:.0f} MiB used on the GPU;"
           f" destroyed: {without_groups / 2**20:.0f} MiB ({(with_groups - without_groups) / 2**20:.0f} MiB freed)")

@@ -5,7 +5,10 @@ address to every rank (`attach`; the roles pass it through Ray). The store lives
 rank; the process group does not: `connect` builds it (gloo on CPU, NCCL on GPU) under a fresh
 key prefix, one per build, so a rank never meets the keys of an earlier group, and `disconnect`
 destroys it, so a sleeping role holds no communicator (the seed framework destroys its groups
-before offloading and rebuilds them after). Both are collective (every rank of the role makes
+before offloading and rebuilds them after). Destroying NCCL communicators takes about half a
+second of host time at one rank, so `disconnect` hands the destroy to a thread (`Teardown`) and
+returns: it overlaps the role's offload and whatever runs next, and the next `connect` waits for it
+(and raises what it raised). Both are collective (every rank of the role makes
 them together; one that does not come fails the others after `timeout_s`) and are the two
 transitions of a `Residency` (Connected/Disconnected), reported like every other. A backend that
 builds groups of its own on top of the default one (megatron's model-parallel groups) hooks in
@@ -27,6 +30,7 @@ machine only; never on Ray or the PPO loop.
 from __future__ import annotations
 
 import datetime
+import threading
 from collections.abc import Callable, Iterable, Mapping
 
 import torch
@@ -40,6 +44,26 @@ BUCKET_BYTES = 64 * 1024 * 1024
 
 def process_group_backend(device: str) -> str:
     return "nccl" if str(device).startswith("cuda") else "gloo"
+
+
+class Teardown:
+    """A destroy running on its own thread; `join` waits for it and raises what it raised."""
+
+    def __init__(self, destroy: Callable[[], None], *, name: str) -> None:
+        self._error: Exception | None = None
+        self._thread = threading.Thread(target=self._run, args=(destroy,), name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self, destroy: Callable[[], None]) -> None:
+        try:
+            destroy()
+        except Exception as error:  # noqa: BLE001 - re-raised on the caller's thread by join
+            self._error = error
+
+    def join(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            raise RuntimeError(f"destroying the process group failed on {self._thread.name}") from self._error
 
 
 class RoleProcessGroup:
@@ -63,6 +87,7 @@ class RoleProcessGroup:
         self.on_disconnect: Callable[[], None] | None = None
         self._store: dist.Store | None = None
         self._builds = 0
+        self._teardown: Teardown | None = None
 
     @property
     def connected(self) -> bool:
@@ -90,10 +115,17 @@ class RoleProcessGroup:
         return self.residency.wake(self._build)
 
     def disconnect(self) -> bool:
-        """Destroy the group (a no-op when not connected)."""
+        """Destroy the group (a no-op when not connected); the communicators go down on a thread."""
         return self.residency.sleep(self._destroy)
 
+    def finish_teardown(self) -> None:
+        """Wait until the last destroyed group is gone (`connect` does; so must a process that exits)."""
+        teardown, self._teardown = self._teardown, None
+        if teardown is not None:
+            teardown.join()
+
     def _build(self) -> None:
+        self.finish_teardown()
         if self._store is None:
             raise RuntimeError(
                 f"{self.role}[{self.rank}]: the process group has no rendezvous yet: rank 0 must host() it "
@@ -114,8 +146,8 @@ class RoleProcessGroup:
 
     def _destroy(self) -> None:
         if self.on_disconnect is not None:
-            self.on_disconnect()
-        dist.destroy_process_group()
+            self.on_disconnect()  # the backend's own groups, while the default one still lives
+        self._teardown = Teardown(dist.destroy_process_group, name=f"{self.role}[{self.rank}] process group teardown")
 
 
 GroupKey = tuple[str, tuple[int, ...]]

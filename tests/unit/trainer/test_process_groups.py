@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import threading
 import types
 
 import pytest
@@ -93,11 +94,52 @@ def test_one_rank_group_builds_and_destroys_around_hooks_as_reported_transitions
     group.host("127.0.0.1")
     assert group.connect() and group.connected and dist.get_world_size() == 1
     assert not group.connect()  # already connected: a no-op
-    assert group.disconnect() and not dist.is_initialized()
+    assert group.disconnect()
+    group.finish_teardown()
+    assert not dist.is_initialized()
     assert group.connect() and group.disconnect()  # a fresh build under a new key prefix
+    group.finish_teardown()
     assert seen == [("connected", True), ("disconnecting", True)] * 2
     assert [(t.role, t.to_state) for t in transitions] == [("ref.process_group", "Connected"),
                                                            ("ref.process_group", "Disconnected")] * 2
+
+
+def test_the_destroy_runs_on_a_thread_that_the_next_connect_waits_for(no_world, monkeypatch):
+    group = RoleProcessGroup(role="critic", rank=0, world_size=1, device="cpu")
+    group.host("127.0.0.1")
+    group.connect()
+    release, destroyed_on = threading.Event(), []
+    real_destroy = dist.destroy_process_group
+
+    def slow_destroy():
+        destroyed_on.append(threading.current_thread())
+        release.wait(timeout=30)
+        real_destroy()
+
+    monkeypatch.setattr(dist, "destroy_process_group", slow_destroy)
+    assert group.disconnect() and not group.connected  # returned while the destroy still waits
+    assert dist.is_initialized()
+    threading.Timer(0.2, release.set).start()
+    assert group.connect() and dist.get_world_size() == 1  # waited for the destroy, then built anew
+    assert destroyed_on and destroyed_on[0] is not threading.current_thread()
+
+
+def test_a_failed_destroy_is_raised_by_the_next_connect(no_world, monkeypatch):
+    group = RoleProcessGroup(role="critic", rank=0, world_size=1, device="cpu")
+    group.host("127.0.0.1")
+    group.connect()
+    real_destroy = dist.destroy_process_group
+
+    def failing_destroy():
+        real_destroy()
+        raise OSError("communicator abort timed out")
+
+    monkeypatch.setattr(dist, "destroy_process_group", failing_destroy)
+    group.disconnect()
+    with pytest.raises(RuntimeError, match=r"destroying the process group failed on critic\[0\]") as failed:
+        group.connect()
+    assert isinstance(failed.value.__cause__, OSError)
+    assert group.connect()  # the failure was reported once; the next wake builds the group
 
 
 def test_groups_of_the_same_ranks_are_merged_into_the_default_group(no_world):

@@ -38,9 +38,11 @@ class TorchBackend:
     `logits_temperature` divides the policy's logits before log-probs and entropy, so that they
     describe the same distribution the rollout engine sampled from (its `temperature`).
     `forward_micro_batch_size` bounds the rows of one no-grad pass in `forward`.
-    `compile` runs the transformer trunk and the output layer's log-softmax and entropy through
+    `compile` runs each decoder layer and the output layer's log-softmax and entropy through
     `torch.compile` (fused norms, rotary, activations and softmax); rows are then padded to widths
-    of a multiple of 64, so that few shapes compile.
+    of a multiple of 64, so that few shapes compile. Layer by layer rather than the whole trunk:
+    the layers are alike, so one layer's graph serves them all (compiled once, cached once), where
+    the whole trunk's graph is as many times larger as there are layers.
     """
 
     def __init__(
@@ -78,7 +80,8 @@ class TorchBackend:
         self.compile = compile
         self.width_multiple = COMPILED_WIDTH_MULTIPLE if compile else 1
         if compile:
-            (self.model.trunk if self.is_value_model else self.model.get_decoder()).compile()
+            for layer in (self.model.trunk if self.is_value_model else self.model.get_decoder()).layers:
+                layer.compile()
         self.optimizer: torch.optim.Optimizer | None = None
         if role == "ref":
             self.model.requires_grad_(False).eval()
