@@ -119,7 +119,7 @@ class RoleProcessGroup:
         return self.residency.sleep(self._destroy)
 
     def finish_teardown(self) -> None:
-        """Wait until the last destroyed group is gone (`connect` does; so must a process that exits)."""
+        """Wait until the last destroyed group is gone (`connect` does before it builds the next)."""
         teardown, self._teardown = self._teardown, None
         if teardown is not None:
             teardown.join()
