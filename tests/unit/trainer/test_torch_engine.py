@@ -306,6 +306,12 @@ def test_compiled_decoding_draws_the_eager_tokens_and_the_trainers_log_probs():
     batch = build_rollout_batch(PROMPTS, fused, [0.0] * len(PROMPTS), PAD)
     recomputed = make_backend(device="cuda", compile=False).forward(batch)["log_probs"].cpu()
     torch.testing.assert_close(recomputed, batch.rollout_log_probs, atol=1e-4, rtol=0)
+    # Longer prompts: another cache capacity, which recompiles the decoding layer with it dynamic.
+    longer = [prompt + [3, 4, 5] for prompt in PROMPTS]
+    eager = make_engine(device="cuda", eos_token_id=-1, compiled=False).generate(longer, params)
+    fused = compiled.generate(longer, params)
+    assert torch.equal(fused.response_tokens, eager.response_tokens)
+    torch.testing.assert_close(fused.log_probs, eager.log_probs, atol=1e-4, rtol=0)
 
 
 # --- layout ------------------------------------------------------------------------------------

@@ -99,29 +99,30 @@ def sample_tokens(
 
 
 class LayerWeights(NamedTuple):
-    """One decoder layer's tensors (the Hugging Face modules' own parameters: updates in place reach
-    them); biases are None where the model has none (Llama)."""
+    """One decoder layer's tensors, the projections that read the same input packed into one
+    matrix each (q, k and v; gate and up): fewer, wider GEMMs, which a 256-row decoding step
+    runs closer to the GPU's bandwidth. Packing copies the weights, so it is done per `generate`
+    call (`StaticKVDecoder`): updates in place between calls reach the next one. Biases are None
+    where the model has none (Llama)."""
 
     input_norm: torch.Tensor
-    q: torch.Tensor
-    q_bias: torch.Tensor | None
-    k: torch.Tensor
-    k_bias: torch.Tensor | None
-    v: torch.Tensor
-    v_bias: torch.Tensor | None
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
     o: torch.Tensor
     post_norm: torch.Tensor
-    gate: torch.Tensor
-    up: torch.Tensor
+    gate_up: torch.Tensor
     down: torch.Tensor
 
     @classmethod
     def of(cls, layer: torch.nn.Module) -> LayerWeights:
         attention, mlp = layer.self_attn, layer.mlp
+        projections = (attention.q_proj, attention.k_proj, attention.v_proj)
+        biases = [projection.bias for projection in projections]
         return cls(
-            layer.input_layernorm.weight, attention.q_proj.weight, attention.q_proj.bias, attention.k_proj.weight,
-            attention.k_proj.bias, attention.v_proj.weight, attention.v_proj.bias, attention.o_proj.weight,
-            layer.post_attention_layernorm.weight, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight,
+            layer.input_layernorm.weight, torch.cat([projection.weight for projection in projections]),
+            None if biases[0] is None else torch.cat(biases), attention.o_proj.weight,
+            layer.post_attention_layernorm.weight, torch.cat((mlp.gate_proj.weight, mlp.up_proj.weight)),
+            mlp.down_proj.weight,
         )
 
 
@@ -136,11 +137,12 @@ def attention_inputs(
     """[B, S, hidden] -> rotated queries [B, heads, S, D], rotated keys and values [B, kv, S, D].
     Rotary embedding is x * cos + roll(x) * signed sin (`sin` carries the sign)."""
     batch, length, _ = x.shape
+    head_dim = w.qkv.shape[0] // (heads + 2 * kv_heads)
     h = rms_norm(x, w.input_norm, eps)
-    q = F.linear(h, w.q, w.q_bias).view(batch, length, heads, -1).transpose(1, 2)
-    k = F.linear(h, w.k, w.k_bias).view(batch, length, kv_heads, -1).transpose(1, 2)
-    v = F.linear(h, w.v, w.v_bias).view(batch, length, kv_heads, -1).transpose(1, 2)
-    half = q.shape[-1] // 2
+    q, k, v = F.linear(h, w.qkv, w.qkv_bias).view(batch, length, -1, head_dim).split(
+        (heads, kv_heads, kv_heads), dim=2)
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    half = head_dim // 2
     q = torch.addcmul(q * cos, q.roll(half, dims=-1), sin)
     k = torch.addcmul(k * cos, k.roll(half, dims=-1), sin)
     return q, k, v
@@ -151,23 +153,42 @@ def layer_output(x: torch.Tensor, attended: torch.Tensor, w: LayerWeights, *, ep
     batch, _, length, _ = attended.shape
     x = x + F.linear(attended.transpose(1, 2).reshape(batch, length, -1), w.o)
     h = rms_norm(x, w.post_norm, eps)
-    return x + F.linear(activation(F.linear(h, w.gate)) * F.linear(h, w.up), w.down)
+    gate, up = F.linear(h, w.gate_up).chunk(2, dim=-1)
+    return x + F.linear(activation(gate) * up, w.down)
+
+
+def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, *, scaling: float) -> torch.Tensor:
+    """Queries [B, heads, S, D] against keys and values [B, kv, L, D] under the additive `bias`
+    [B, 1, S, L]; grouped-query heads through `enable_gqa` (keys and values never repeated)."""
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, scale=scaling,
+                                          enable_gqa=q.shape[1] != keys.shape[1])
+
+
+def decode_layer(x: torch.Tensor, w: LayerWeights, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor,
+                 values: torch.Tensor, slot: torch.Tensor, bias: torch.Tensor, *, eps: float, heads: int,
+                 kv_heads: int, scaling: float, activation) -> torch.Tensor:
+    """One layer of a decoding step ([B, 1, hidden]): its key and value written into cache column
+    `slot` ([1] int64) of this layer's `keys` and `values`, attention over the cache under `bias`."""
+    q, k, v = attention_inputs(x, w, cos, sin, eps=eps, heads=heads, kv_heads=kv_heads)
+    keys.index_copy_(2, slot, k)
+    values.index_copy_(2, slot, v)
+    return layer_output(x, attend(q, keys, values, bias, scaling=scaling), w, eps=eps, activation=activation)
 
 
 class StaticKVDecoder:
     """A Llama/Qwen2 forward over a preallocated KV cache for `batch` rows and `capacity` positions.
 
     `prefill` runs the left-padded prompts (columns 0..P-1 of the cache); `step` runs one token
-    per row into the cache column `slot`. Each layer is `attention_inputs`, the cache write,
-    attention and `layer_output`. Attention is one `scaled_dot_product_attention` with
-    grouped-query heads (`enable_gqa`: [B, heads, S, D] against [B, kv, L, D], keys and values
-    never repeated; on an H200 a third faster than stacking each key/value head's query heads)
-    and the validity of keys as an additive bias built once per pass; masked keys get the
-    dtype's lowest value rather than -inf, so a padding query (which sees no key) yields finite
-    garbage instead of NaNs. cos and sin of the rotary embedding are computed once per pass.
+    per row into the cache column `slot`, each layer through `step_layer` (`decode_layer`, or the
+    engine's compiled copy of it: one graph serves every layer). Attention is one
+    `scaled_dot_product_attention` with grouped-query heads (`enable_gqa`; on an H200 a third
+    faster than stacking each key/value head's query heads) and the validity of keys as an
+    additive bias built once per pass; masked keys get the dtype's lowest value rather than
+    -inf, so a padding query (which sees no key) yields finite garbage instead of NaNs. cos and
+    sin of the rotary embedding are computed once per pass.
     """
 
-    def __init__(self, model: torch.nn.Module, *, batch: int, capacity: int):
+    def __init__(self, model: torch.nn.Module, *, batch: int, capacity: int, step_layer: Callable = decode_layer):
         config = model.config
         if config.model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
@@ -179,6 +200,7 @@ class StaticKVDecoder:
         if any(getattr(layer.self_attn, "sliding_window", None) for layer in layers):
             raise ValueError("sliding-window attention layers are not supported by the torch rollout engine")
         self.weights = [LayerWeights.of(layer) for layer in layers]
+        self.step_layer = step_layer
         self.activation = F.silu if config.hidden_act == "silu" else layers[0].mlp.act_fn
         self.eps = float(config.rms_norm_eps)
         self.kv_heads = config.num_key_value_heads
@@ -196,41 +218,38 @@ class StaticKVDecoder:
         width = ids.shape[1]
         self.valid[:, :width] = mask.bool()
         causal = torch.ones((width, width), dtype=torch.bool, device=ids.device).tril()
-        allowed = causal[None, :, :] & self.valid[:, None, :width]  # [B, query, key]
+        bias = self._bias(causal[None, :, :] & self.valid[:, None, :width])  # [B, query, key] allowed
 
-        def write(index: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        def layer(index: int, x: torch.Tensor, w: LayerWeights, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+            q, k, v = attention_inputs(x, w, cos, sin, eps=self.eps, heads=self.heads, kv_heads=self.kv_heads)
             self.keys[index][:, :, :width] = k
             self.values[index][:, :, :width] = v
-            return self.keys[index][:, :, :width], self.values[index][:, :, :width]
+            attended = attend(q, self.keys[index][:, :, :width], self.values[index][:, :, :width], bias,
+                              scaling=self.scaling)
+            return layer_output(x, attended, w, eps=self.eps, activation=self.activation)
 
-        return self._forward(ids, positions, write, self._masked_attention(allowed))
+        return self._forward(ids, positions, layer)
 
     def step(self, token: torch.Tensor, position: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
         """[B] tokens at [B] positions, written to cache column `slot` ([1] int64, on the device)
         -> [B, V] logits. Fixed shapes and no host reads: safe to capture in a graph."""
         self.valid.index_fill_(1, slot, True)
+        bias = self._bias(self.valid[:, None, :])  # [B, 1 query, capacity]
 
-        def write(index: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            self.keys[index].index_copy_(2, slot, k)
-            self.values[index].index_copy_(2, slot, v)
-            return self.keys[index], self.values[index]
+        def layer(index: int, x: torch.Tensor, w: LayerWeights, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+            return self.step_layer(x, w, cos, sin, self.keys[index], self.values[index], slot, bias, eps=self.eps,
+                                   heads=self.heads, kv_heads=self.kv_heads, scaling=self.scaling,
+                                   activation=self.activation)
 
-        attention = self._masked_attention(self.valid[:, None, :])  # [B, 1 query, capacity]
-        return self._forward(token[:, None], position[:, None], write, attention)
+        return self._forward(token[:, None], position[:, None], layer)
 
-    def _masked_attention(self, allowed: torch.Tensor) -> Callable:
-        """Attention over the keys `allowed` [B, query, key] through scaled_dot_product_attention."""
+    def _bias(self, allowed: torch.Tensor) -> torch.Tensor:
+        """[B, query, key] booleans -> [B, 1, query, key] additive attention bias."""
         dtype = self.model.lm_head.weight.dtype
-        bias = torch.zeros(allowed[:, None].shape, dtype=dtype, device=allowed.device)  # [B, 1, query, key]
-        bias.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
+        bias = torch.zeros(allowed[:, None].shape, dtype=dtype, device=allowed.device)
+        return bias.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
 
-        def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-            return F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, scale=self.scaling,
-                                                  enable_gqa=self.heads != self.kv_heads)
-
-        return attend
-
-    def _forward(self, ids, positions, write: Callable, attention: Callable) -> torch.Tensor:
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, layer: Callable) -> torch.Tensor:
         inner = self.model.model
         x = inner.embed_tokens(ids)
         cos, sin = inner.rotary_emb(x, positions)  # [B, S, D]
@@ -238,9 +257,7 @@ class StaticKVDecoder:
         sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
         cos, sin = cos[:, None], sin[:, None]  # against [B, heads, S, D]
         for index, weights in enumerate(self.weights):
-            q, k, v = attention_inputs(x, weights, cos, sin, eps=self.eps, heads=self.heads, kv_heads=self.kv_heads)
-            keys, values = write(index, k, v)
-            x = layer_output(x, attention(q, keys, values), weights, eps=self.eps, activation=self.activation)
+            x = layer(index, x, weights, cos, sin)
         return self.model.lm_head(rms_norm(x[:, -1], inner.norm.weight, self.eps))
 
 
@@ -266,11 +283,12 @@ class TorchRolloutEngine:
 
     EOS and PAD ids come from the model's tokenizer unless given. `cuda_graphs` (default: on for
     CUDA devices) captures the decoding step once per `generate` call; `compiled` (default: on
-    for CUDA devices) runs the sampling through torch.compile, which fuses its passes over the
-    vocabulary (on an H200, 0.22 instead of 0.59 ms a step for 256 rows of 151,936 logits; the
-    first call compiles it, into the process's compile cache; the same draw up to rounding of
-    the running sums); `last_timing` holds the seconds of the last call's prefill, capture and
-    decode loop.
+    for CUDA devices) runs the sampling and the decoding step's layers through torch.compile,
+    which fuses the sampling's passes over the vocabulary (on an H200, 0.22 instead of 0.59 ms a
+    step for 256 rows of 151,936 logits; the same draw up to rounding of the running sums) and a
+    layer's norms, rotary embedding and residuals; the first call compiles them, into the
+    process's compile cache. `last_timing` holds the seconds of the last call's prefill, capture
+    and decode loop.
     """
 
     def __init__(
@@ -304,6 +322,8 @@ class TorchRolloutEngine:
             raise ValueError(f"cuda_graphs needs a CUDA device; this engine runs on {self.device}")
         compiled = self.device.type == "cuda" if compiled is None else compiled
         self.sample = torch.compile(sample_tokens, dynamic=False) if compiled else sample_tokens
+        # One graph for every layer; a second cache capacity recompiles it once, with that size dynamic.
+        self.step_layer = torch.compile(decode_layer) if compiled else decode_layer
         # Parameters by every name they answer to (tied weights answer to two).
         self._weights = self.model.state_dict(keep_vars=True)
         self._mirror = HostMirror(device=self.device)
@@ -336,7 +356,7 @@ class TorchRolloutEngine:
         log_probs = torch.zeros((batch, steps), dtype=torch.float32, device=device)
         alive = torch.zeros((batch, steps), dtype=torch.float32, device=device)
         finished = torch.zeros(batch, dtype=torch.bool, device=device)
-        decoder = StaticKVDecoder(self.model, batch=batch, capacity=width + steps)
+        decoder = StaticKVDecoder(self.model, batch=batch, capacity=width + steps, step_layer=self.step_layer)
         positions = position_ids(mask)
         # The step's state lives in fixed buffers that the step itself advances (graph-safe).
         token = torch.zeros(batch, dtype=torch.long, device=device)
