@@ -2,9 +2,9 @@
 
 Builds the engine (`rollout/torch_engine.py`) on a random Qwen2.5 checkpoint of the chosen shape,
 times a whole `generate` (256 prompts of ~100 tokens, 512 new tokens; its decode loop is one
-captured CUDA graph a step) with the sampling compiled (the engine's default on a GPU) and
-eager, then profiles decoding steps with torch.profiler (the same kernels, without the graph)
-and prints the kernels by device time, and times the step's parts on their own at the step's
+captured CUDA graph a step) three ways: the decoding layer and the sampling compiled (the
+engine's default on a GPU), only the sampling compiled, neither; then profiles decoding steps
+with torch.profiler (the same kernels, without the graph) and prints the kernels by device time, and times the step's parts on their own at the step's
 shapes: the attention of one layer, the output layer, the sampling. The figures say which part
 to make faster; nothing here changes the engine. Writes decode.json and the profiler's table
 into --out.
@@ -36,6 +36,7 @@ from ppo_trainer.rollout.torch_engine import (
     StaticKVDecoder,
     TorchRolloutEngine,
     attention_inputs,
+    decode_layer,
     layer_output,
     sample_tokens,
 )
@@ -177,24 +178,26 @@ def main() -> None:
     prompts = make_prompts(args.prompts, 100, seed=0)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0, seed=1)
     runs, engines, outputs = [], {}, {}
-    for sampling in ("compiled", "eager"):
-        engine = engines[sampling] = TorchRolloutEngine(
-            model_spec=spec, device="cuda", seed=0, eos_token_id=EOS, pad_token_id=EOS, compiled=sampling == "compiled")
+    for compiled in ("layer and sampling", "sampling", "nothing"):
+        engine = engines[compiled] = TorchRolloutEngine(
+            model_spec=spec, device="cuda", seed=0, eos_token_id=EOS, pad_token_id=EOS, compiled=compiled != "nothing")
+        if compiled == "sampling":
+            engine.step_layer = decode_layer
         started = time.perf_counter()
         engine.generate(prompts, params)  # warm-up (and compiling)
         warm_up = time.perf_counter() - started
         for _ in range(2):
-            generation = outputs[sampling] = engine.generate(prompts, params)
+            generation = outputs[compiled] = engine.generate(prompts, params)
             timing = dict(engine.last_timing)
             tokens = int(generation.response_mask.sum())
             columns = generation.response_tokens.shape[1]
-            runs.append(timing | {"sampling": sampling, "warm_up_seconds": warm_up, "tokens": tokens, "columns": columns,
+            runs.append(timing | {"compiled": compiled, "warm_up_seconds": warm_up, "tokens": tokens, "columns": columns,
                                   "decode_ms_per_step": timing["decode_seconds"] * 1e3 / max(columns - 1, 1),
                                   "tokens_per_s": tokens / sum(timing.values())})
             print(json.dumps(runs[-1]), flush=True)
-    same = (outputs["compiled"].response_tokens == outputs["eager"].response_tokens).float().mean().item()
+    same = (outputs["layer and sampling"].response_tokens == outputs["nothing"].response_tokens).float().mean().item()
     print(f"compiled and eager decoding: {same:.2%} of token positions equal (a row that diverges differs after)")
-    engine = engines["compiled"]
+    engine = engines["layer and sampling"]
     width = max(len(p) for p in prompts)
     measured = {filled: parts(engine, args.prompts, width + args.max_new_tokens, filled)
                 for filled in (width + 64, width + args.max_new_tokens)}
