@@ -4,10 +4,10 @@ Builds the engine (`rollout/torch_engine.py`) on a random Qwen2.5 checkpoint of 
 times a whole `generate` (256 prompts of ~100 tokens, 512 new tokens; its decode loop is one
 captured CUDA graph a step) three ways: the decoding layer and the sampling compiled (the
 engine's default on a GPU), only the sampling compiled, neither; then profiles decoding steps
-with torch.profiler (the same kernels, without the graph) and prints the kernels by device time, and times the step's parts on their own at the step's
-shapes: the attention of one layer, the output layer, the sampling. The figures say which part
-to make faster; nothing here changes the engine. Writes decode.json and the profiler's table
-into --out.
+with torch.profiler (the same kernels, without the graph) and prints the kernels by device time,
+and times the step's parts on their own at the step's shapes: the attention of one layer, the
+output layer, the sampling. The figures say which part to make faster; nothing here changes the
+engine. Writes decode.json and the profiler's table into --out.
 
     python3 bench/gpu_decode_profile.py --out $OUT/decode
 """

@@ -167,8 +167,9 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torc
 def decode_layer(x: torch.Tensor, w: LayerWeights, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor,
                  values: torch.Tensor, slot: torch.Tensor, bias: torch.Tensor, *, eps: float, heads: int,
                  kv_heads: int, scaling: float, activation) -> torch.Tensor:
-    """One layer of a decoding step ([B, 1, hidden]): its key and value written into cache column
-    `slot` ([1] int64) of this layer's `keys` and `values`, attention over the cache under `bias`."""
+    """One layer over the KV cache ([B, S, hidden]): its keys and values written into the cache
+    columns `slot` ([S] int64) of this layer's `keys` and `values`, attention over the cache under
+    `bias`. A decoding step passes one column; the prefill the prompt's columns."""
     q, k, v = attention_inputs(x, w, cos, sin, eps=eps, heads=heads, kv_heads=kv_heads)
     keys.index_copy_(2, slot, k)
     values.index_copy_(2, slot, v)
@@ -220,13 +221,12 @@ class StaticKVDecoder:
         causal = torch.ones((width, width), dtype=torch.bool, device=ids.device).tril()
         bias = self._bias(causal[None, :, :] & self.valid[:, None, :width])  # [B, query, key] allowed
 
+        columns = torch.arange(width, device=ids.device)
+
         def layer(index: int, x: torch.Tensor, w: LayerWeights, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-            q, k, v = attention_inputs(x, w, cos, sin, eps=self.eps, heads=self.heads, kv_heads=self.kv_heads)
-            self.keys[index][:, :, :width] = k
-            self.values[index][:, :, :width] = v
-            attended = attend(q, self.keys[index][:, :, :width], self.values[index][:, :, :width], bias,
-                              scaling=self.scaling)
-            return layer_output(x, attended, w, eps=self.eps, activation=self.activation)
+            return decode_layer(x, w, cos, sin, self.keys[index][:, :, :width], self.values[index][:, :, :width],
+                                columns, bias, eps=self.eps, heads=self.heads, kv_heads=self.kv_heads,
+                                scaling=self.scaling, activation=self.activation)
 
         return self._forward(ids, positions, layer)
 
