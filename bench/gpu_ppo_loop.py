@@ -226,6 +226,7 @@ def run_loop(backend: str, schedule: str, configs: dict[str, dict], args: argpar
             entry["nvml_peak_bytes"] = sampler.peak_by_pid.get(p["pid"], 0)
             entry["nvml_asleep_bytes"] = nvml_asleep.get(p["pid"], 0)
             entry["reserved_asleep_bytes"] = a.get("reserved_now", 0)
+            entry["allocated_asleep_bytes"] = a.get("allocated_now", 0)
     waited = statistics.mean(s["stages"]["generate"] for s in measured)
     generated = statistics.mean(s["generation_seconds"] for s in measured)
     return {

@@ -14,7 +14,7 @@ not depend on Ray or the PPO loop, nor build process groups itself.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -203,24 +203,29 @@ class TorchBackend:
 
     def _transfer(self, direction: str) -> None:
         """Parameters, gradients and optimizer state through the mirror's one flat buffer."""
-        setters, tensors = [], []
-
-        def add(tensor: torch.Tensor, setter) -> None:
-            setters.append(setter)
-            tensors.append(tensor)
-
-        for param in self.model.parameters():
-            add(param.data, lambda t, p=param: setattr(p, "data", t))
-            if param.grad is not None:
-                add(param.grad, lambda t, p=param: setattr(p, "grad", t))
-            state = self.optimizer.state.get(param, {}) if self.optimizer is not None else {}
-            for key, value in state.items():
-                if isinstance(value, torch.Tensor):
-                    add(value, lambda t, s=state, k=key: s.__setitem__(k, t))
+        tensors, setters = self._resident_tensors()
         with torch.no_grad():
             move = self._mirror.to_host if direction == "offload" else self._mirror.to_device
             move(tensors, lambda index, moved: setters[index](moved), direction=direction)
         self.last_transfer = dict(self._mirror.last_transfer)
+
+    def _resident_tensors(self) -> tuple[list[torch.Tensor], list[Callable[[torch.Tensor], None]]]:
+        """Every tensor an offload moves, and for each the setter that swaps in its moved copy.
+        A function of its own so that no loop variable outlives it: one left holding a device view
+        would keep the whole device buffer alive past the mirror's release."""
+        tensors, setters = [], []
+        for param in self.model.parameters():
+            tensors.append(param.data)
+            setters.append(lambda t, p=param: setattr(p, "data", t))
+            if param.grad is not None:
+                tensors.append(param.grad)
+                setters.append(lambda t, p=param: setattr(p, "grad", t))
+            state = self.optimizer.state.get(param, {}) if self.optimizer is not None else {}
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor):
+                    tensors.append(value)
+                    setters.append(lambda t, s=state, k=key: s.__setitem__(k, t))
+        return tensors, setters
 
     def _require_on_device(self, what: str) -> None:
         if self.offloaded:

@@ -70,7 +70,9 @@ def transformer_config_kwargs(config, *, tensor: int, pipeline: int, dtype: torc
         "variable_seq_lengths": True,
         "moe_token_dispatcher_type": "alltoall",
         "attention_softmax_in_fp32": half,
-        "bias_activation_fusion": False,
+        # SwiGLU through megatron's own fused function (torch.compile'd): on an H200 at the Qwen2.5-0.5B
+        # shape a no-grad pass takes 0.46 s instead of 0.82 s, a training pass 1.40 s instead of 1.58 s.
+        "bias_activation_fusion": True,
         "bias_dropout_fusion": False,
         "masked_softmax_fusion": False,
         "apply_rope_fusion": False,
