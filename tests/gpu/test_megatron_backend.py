@@ -21,17 +21,10 @@ megatron = pytest.importorskip("megatron.core", reason="needs megatron-core (too
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True,
-    )
-    directory = tmp_path_factory.mktemp("qwen2-tiny")
-    Qwen2ForCausalLM(config).save_pretrained(str(directory))
-    return directory
+def checkpoint(random_qwen2):
+    return random_qwen2("qwen2-tiny", vocab_size=256, hidden_size=64, intermediate_size=128,
+                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                        max_position_embeddings=128)
 
 
 def make(kind: str, checkpoint, role: str = "actor", **extra):

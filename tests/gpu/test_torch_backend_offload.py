@@ -16,18 +16,11 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
+def checkpoint(random_qwen2):
     """A Qwen2 of ~6.5M parameters: tens of megabytes to park, well above the allocator's granularity."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=4096, hidden_size=512, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=8,
-        num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True,
-    )
-    directory = tmp_path_factory.mktemp("qwen2-small")
-    Qwen2ForCausalLM(config).save_pretrained(str(directory))
-    return directory
+    return random_qwen2("qwen2-small", vocab_size=4096, hidden_size=512, intermediate_size=1024,
+                        num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
+                        max_position_embeddings=128)
 
 
 def make_batch() -> RolloutBatch:
