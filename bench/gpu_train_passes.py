@@ -32,9 +32,9 @@ VARIANTS = {
     "torch eager mb64": {"backend": "Torch", "compile": False, "micro_batch_size": 64},
     "torch compiled": {"backend": "Torch", "compile": True},
     "megatron eager": {"backend": "Megatron", "compile": False},
-    "megatron compiled head": {"backend": "Megatron", "compile": True},
+    "megatron compiled": {"backend": "Megatron", "compile": True},
     "torch compiled mb64": {"backend": "Torch", "compile": True, "micro_batch_size": 64},
-    "megatron compiled head mb64": {"backend": "Megatron", "compile": True, "micro_batch_size": 64},
+    "megatron compiled mb64": {"backend": "Megatron", "compile": True, "micro_batch_size": 64},
 }
 
 

@@ -86,7 +86,7 @@ class ActorSpec(_Model):
     micro_batch_size: int = Field(8, ge=1)
     max_grad_norm: float = Field(1.0, ge=0)
     compile: bool = True
-    """On GPUs: torch.compile the output layer's softmax (both backends) and the Torch backend's trunk."""
+    """On GPUs: torch.compile the output layer's softmax and the decoder layers (Megatron's at tensor parallel 1)."""
     parallelism: Parallelism = Parallelism()
 
 

@@ -121,7 +121,8 @@ def test_megatron_critic_values_have_the_batch_layout(checkpoint):
 
 @pytest.mark.parametrize("kind", ["torch", "megatron"])
 def test_compiled_backend_equals_eager_for_log_probs_values_and_a_train_step(checkpoint, kind):
-    """`compile` (each decoder layer through torch.compile; Torch pads rows to widths of 64) changes no result."""
+    """`compile` (each decoder layer through torch.compile, megatron's as `fused_layer.decoder_layer`; rows padded
+    to widths of 64) changes no result."""
     batch = make_batch()
 
     def loss_fn(output, rows):
@@ -199,3 +200,19 @@ def test_megatron_gradient_is_the_same_for_any_micro_batch_and_equals_the_torch_
     print(f"\n{mode} {dtype}: micro-batch 1 vs whole {split:.2e}; megatron vs torch {versus_torch:.2e}")
     assert split < (1e-5 if dtype == "float32" else 1e-2)
     assert versus_torch < (1e-3 if dtype == "float32" else 5e-2)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_megatron_fused_layers_give_the_gradient_of_megatrons_own_layers(checkpoint, dtype):
+    """`compile` at tensor parallel 1 runs each decoder layer through `fused_layer.decoder_layer`: the
+    reduced gradient (megatron's DDP buffers) is the one of megatron's own layers, up to rounding."""
+    batch = make_batch()
+    loss_fn = policy_loss_for(batch, mode="TokenMean")
+    spec = ModelSpec(path=str(checkpoint), dtype=dtype)
+    fused_backend = make("megatron", checkpoint, model_spec=spec, compile=True)
+    assert "forward" in vars(fused_backend.gpt.decoder.layers[0])  # the fused forward is in place
+    fused = gradients_by_hf_name(fused_backend, batch, loss_fn, micro_batch_size=2)
+    own = gradients_by_hf_name(make("megatron", checkpoint, model_spec=spec), batch, loss_fn, micro_batch_size=2)
+    difference = relative_difference(fused, own)
+    print(f"\n{dtype}: fused vs megatron's layers {difference:.2e}")
+    assert difference < (1e-4 if dtype == "float32" else 2e-2)

@@ -1,7 +1,8 @@
 """Hugging Face <-> megatron weight conversion and config mapping, on tiny shapes, with no megatron.
 
-The reference is a pure-torch forward written in megatron's layout (grouped linear_qkv split per
-key/value group, linear_fc1 = [gate; up]) that must reproduce the Hugging Face model's logits.
+The converted weights, run through the backend's fused decoder layer (`fused_layer.py`: megatron's
+layout, grouped linear_qkv split per key/value group, linear_fc1 = [gate; up]), must reproduce the
+Hugging Face model's logits.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from ppo_trainer.backends.megatron import conversion
+from ppo_trainer.backends.megatron import conversion, fused_layer
 from ppo_trainer.backends.megatron.config import gpt_model_kwargs, transformer_config_kwargs
 
 
@@ -31,32 +32,23 @@ def rms(x, weight, eps):
 
 
 def megatron_layout_forward(state: dict, config, shape: conversion.Shape, ids: torch.Tensor) -> torch.Tensor:
-    """Logits from megatron-named weights, computed the way megatron's local layers compute them."""
-    h = state["embedding.word_embeddings.weight"][ids]
-    b, s, _ = h.shape
-    d, g = shape.head_dim, shape.group
+    """Logits from megatron-named weights, each layer through the backend's fused decoder layer,
+    over megatron's [s, b, h] layout with the rotary angles as megatron's RotaryEmbedding gives them."""
+    h = state["embedding.word_embeddings.weight"][ids].transpose(0, 1)  # [s, b, h]
+    d = shape.head_dim
     inv_freq = 1.0 / (config.rope_parameters["rope_theta"] ** (torch.arange(0, d, 2).float() / d))
-    angles = torch.arange(s).float()[:, None] * inv_freq[None]
-    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
-
-    def rope(x):
-        return x * cos + torch.cat([-x[..., d // 2 :], x[..., : d // 2]], -1) * sin
-
+    angles = torch.arange(h.shape[0]).float()[:, None] * inv_freq[None]
+    freqs = torch.cat([angles, angles], -1)[:, None, None, :]  # [s, 1, 1, d]
     for i in range(config.num_hidden_layers):
         p = f"decoder.layers.{i}."
-        x = rms(h, state[p + "input_layernorm.weight"], config.rms_norm_eps)
-        qkv = F.linear(x, state[p + "self_attention.linear_qkv.weight"], state.get(p + "self_attention.linear_qkv.bias"))
-        qkv = qkv.view(b, s, shape.kv_heads, (g + 2) * d)
-        q, k, v = qkv.split([g * d, d, d], dim=-1)
-        q = q.reshape(b, s, shape.kv_heads * g, d).transpose(1, 2)
-        k = k.repeat_interleave(g, dim=2).transpose(1, 2)
-        v = v.repeat_interleave(g, dim=2).transpose(1, 2)
-        attn = F.scaled_dot_product_attention(rope(q), rope(k), v, is_causal=True)
-        h = h + F.linear(attn.transpose(1, 2).reshape(b, s, -1), state[p + "self_attention.linear_proj.weight"])
-        x = rms(h, state[p + "pre_mlp_layernorm.weight"], config.rms_norm_eps)
-        gate, up = F.linear(x, state[p + "mlp.linear_fc1.weight"]).chunk(2, dim=-1)
-        h = h + F.linear(F.silu(gate) * up, state[p + "mlp.linear_fc2.weight"])
-    h = rms(h, state["decoder.final_layernorm.weight"], config.rms_norm_eps)
+        weights = fused_layer.LayerWeights(
+            state[p + "input_layernorm.weight"], state[p + "self_attention.linear_qkv.weight"],
+            state.get(p + "self_attention.linear_qkv.bias"), state[p + "self_attention.linear_proj.weight"],
+            state[p + "pre_mlp_layernorm.weight"], state[p + "mlp.linear_fc1.weight"], state[p + "mlp.linear_fc2.weight"],
+        )
+        h = fused_layer.decoder_layer(h, freqs, weights, heads=shape.heads, groups=shape.kv_heads,
+                                      eps=config.rms_norm_eps)
+    h = rms(h.transpose(0, 1), state["decoder.final_layernorm.weight"], config.rms_norm_eps)
     head = state["embedding.word_embeddings.weight"] if shape.tied_embeddings else state["output_layer.weight"]
     return F.linear(h, head)
 

@@ -29,6 +29,9 @@ LossFn = Callable[[dict[str, torch.Tensor], torch.Tensor], tuple[torch.Tensor, d
 
 ROLES = ("actor", "critic", "ref")
 
+COMPILED_WIDTH_MULTIPLE = 64
+"""Compiled backends pad rows to widths of a multiple of this: few distinct shapes compile."""
+
 
 def check_backend_arguments(
     *, role: str, learning_rate: float, max_grad_norm: float, logits_temperature: float, forward_micro_batch_size: int

@@ -21,15 +21,13 @@ import torch
 import torch.nn.functional as F
 
 from ppo_trainer.algorithms.ppo import chunked_log_probs_and_entropy
-from ppo_trainer.backends.base import LossFn, check_backend_arguments, cpu_copy
+from ppo_trainer.backends.base import COMPILED_WIDTH_MULTIPLE, LossFn, check_backend_arguments, cpu_copy
 from ppo_trainer.batch import RolloutBatch
 from ppo_trainer.distributed import all_reduce_sum, sum_gradients
 from ppo_trainer.models.builtin import build_policy, build_value_model, resolve_dtype
 from ppo_trainer.models.residency import HostMirror
 from ppo_trainer.rollout.layout import aligned_rows
 from ppojob_api.spec import ModelSpec
-
-COMPILED_WIDTH_MULTIPLE = 64
 
 
 class TorchBackend:

@@ -52,10 +52,11 @@ from megatron.core.transformer.module import Float16Module
 
 from ppo_trainer.algorithms import entropy_from_logits, log_probs_from_logits
 from ppo_trainer.algorithms.ppo import chunked_log_probs_and_entropy
-from ppo_trainer.backends.base import LossFn, check_backend_arguments, cpu_copy
+from ppo_trainer.backends.base import COMPILED_WIDTH_MULTIPLE, LossFn, check_backend_arguments, cpu_copy
 from ppo_trainer.backends.megatron import conversion
 from ppo_trainer.backends.megatron.attention import layer_spec
 from ppo_trainer.backends.megatron.config import gpt_model_kwargs, transformer_config_kwargs
+from ppo_trainer.backends.megatron.fused_layer import fuse_layers
 from ppo_trainer.batch import RolloutBatch
 from ppo_trainer.distributed import (
     GroupKey,
@@ -194,7 +195,9 @@ class MegatronBackend:
 
     Same constructor arguments as TorchBackend, plus `tensor_parallel` and `pipeline_parallel`
     (the spec's parallelism). `device` must be a CUDA device. `compile` runs the output layer's
-    log-softmax and entropy through torch.compile (the trunk stays megatron's own).
+    log-softmax and entropy through torch.compile and, at tensor parallel 1, every decoder layer
+    as one compiled function of its weights (`fused_layer.py`; rows are then padded to widths of a
+    multiple of 64, so that few shapes compile); under tensor parallelism the layers stay megatron's own.
     """
 
     def __init__(
@@ -263,6 +266,10 @@ class MegatronBackend:
         )
         if self.is_value_model and self.last_stage:
             self.gpt.output_layer = ValueHead(hf_config.hidden_size, seed=seed, device=self.device, dtype=torch.float32)
+        fused = compile and tensor_parallel == 1
+        if fused:
+            fuse_layers(self.gpt.decoder.layers)
+        self.width_multiple = COMPILED_WIDTH_MULTIPLE if fused else 1
         self.gpt.to(self.device)  # torch-norm fallbacks are built on the CPU
         if directory is not None:
             self._load_hf(directory)
@@ -376,7 +383,7 @@ class MegatronBackend:
 
         def forward_step(data_iterator, model):
             rows = next(data_iterator)
-            aligned = aligned_rows(batch, rows)
+            aligned = aligned_rows(batch, rows, width_multiple=self.width_multiple)
             ids = aligned.input_ids.to(self.device)
             positions = torch.arange(ids.shape[1], device=self.device).expand(len(rows), -1)
             extra = {"fp32_output": False} if self.half else {}
