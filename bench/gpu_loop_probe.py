@@ -3,7 +3,8 @@
 `install` runs inside a role's process (through Ray's `__ray_call__`, so the roles need no
 bench method): it wraps the rank's backend (forward, train, offload, onload) or engine
 (generate, sleep, wake_up) so that every call leaves a record: the call's seconds (device work
-included), the bytes and copy seconds of a transfer (the backend's own `last_transfer`), the
+included), the bytes and copy seconds of a transfer (the backend's own `last_transfer`; the
+optimizer state's copy that a training pass runs beside it as "optimizer_onload"), the
 FLOPs of a pass (from the batch it was given) and the device memory the process had allocated
 and reserved at its peak since the role last woke. `collect` hands the records back with the
 process id and its resident host memory. The wrappers only time and read; they change nothing
@@ -20,7 +21,9 @@ from gpu_workloads import forward_flops
 TRAIN_METHODS = ("forward", "train", "offload", "onload")
 ENGINE_METHODS = ("generate", "sleep", "wake_up")
 WAKING = ("onload", "wake_up")
-TRANSFERS = {"offload": "to_host", "sleep": "to_host", "onload": "to_device", "wake_up": "to_device"}
+TRANSFERS = {"offload": "to_host", "sleep": "to_host", "onload": "to_device", "wake_up": "to_device",
+             "optimizer_onload": "to_device"}
+"""Each transfer's direction; "optimizer_onload" is the optimizer state's copy that `train` runs beside its passes."""
 
 
 def _role_of(worker) -> str:
@@ -58,6 +61,9 @@ def install(worker, configs: dict[str, dict], weights_group_backend: str | None 
             transfer = getattr(target, "last_transfer", None)
             if method in TRANSFERS and transfer is not None and transfer is not before:  # a no-op moved nothing
                 record |= {"bytes": transfer["bytes"], "copy_seconds": transfer["seconds"]}
+            if method == "train" and transfer is not before and (transfer or {}).get("beside_compute"):
+                records.append({"role": role, "method": "optimizer_onload", "seconds": transfer["seconds"],
+                                "time": time.time(), "bytes": transfer["bytes"], "copy_seconds": transfer["seconds"]})
             if method in ("forward", "train") and args:
                 batch = args[0]
                 passes = 3 if method == "train" else 1  # a backward pass costs two forwards

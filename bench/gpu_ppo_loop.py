@@ -23,7 +23,8 @@ two GPUs (`--gpus 2`) each side has its own and the group is NCCL. `--critic-mod
 actor by sample id through the object store; the actor's picking of its rows is timed).
 `--compile-cache DIR` keeps the compile caches of every run of the call there (later runs start
 warm); without it each job's go under its own checkpoint directory.
-Steps after the first are averaged (the first compiles). Writes loop.json into --out.
+Steps after the first are averaged (the first compiles); so are the transitions the roles report (waking,
+sleeping, process groups built and destroyed: their seconds per step). Writes loop.json into --out.
 
     python3 bench/gpu_ppo_loop.py --out $OUT/loop --steps 4 --backends Torch,Megatron
     python3 bench/gpu_ppo_loop.py --out $OUT/loop --models qwen2.5-3b --micro-batch-size 16 --steps 3
@@ -227,6 +228,7 @@ def run_loop(backend: str, schedule: str, configs: dict[str, dict], args: argpar
             entry["nvml_asleep_bytes"] = nvml_asleep.get(p["pid"], 0)
             entry["reserved_asleep_bytes"] = a.get("reserved_now", 0)
             entry["allocated_asleep_bytes"] = a.get("allocated_now", 0)
+    transitions = transition_seconds(clock.events, skip_steps=1 if len(step_list) > 1 else 0, steps=len(measured))
     waited = statistics.mean(s["stages"]["generate"] for s in measured)
     generated = statistics.mean(s["generation_seconds"] for s in measured)
     return {
@@ -239,10 +241,25 @@ def run_loop(backend: str, schedule: str, configs: dict[str, dict], args: argpar
         "step_seconds": statistics.mean(s["seconds"] for s in measured),
         "stage_seconds": {k: statistics.mean(s["stages"][k] for s in measured) for k in measured[0]["stages"]},
         "tokens_per_step": statistics.mean(s["tokens"] for s in measured),
-        "probe": probe, "roles": roles_memory,
+        "probe": probe, "roles": roles_memory, "transition_seconds": transitions,
         "device_peak_used_bytes": sampler.peak_used if sampler else None,
         "all_asleep_nvml_bytes": sum(nvml_asleep.values()),
     }
+
+
+def transition_seconds(events: list[tuple[str, dict]], *, skip_steps: int, steps: int) -> dict[str, float]:
+    """Seconds per step of each kind of transition the roles reported (a role waking or sleeping,
+    its process group built or destroyed: "actor.process_group asleep->awake"), summed over ranks,
+    after the first `skip_steps` steps."""
+    totals: dict[str, float] = {}
+    seen_steps = 0
+    for kind, fields in events:
+        if kind == "step":
+            seen_steps += 1
+        elif kind == "transition" and seen_steps >= skip_steps:
+            name = f"{fields['role']} {fields['frm']}->{fields['to']}"
+            totals[name] = totals.get(name, 0.0) + fields["seconds"] / max(steps, 1)
+    return totals
 
 
 def measure_ceilings() -> tuple[float, dict]:
@@ -297,6 +314,8 @@ def table(results: list[dict], ceiling: float | None, pinned: dict | None) -> st
     for role in dict.fromkeys(k for r in results for k in r["roles"]):
         row(f"  {role} asleep GB (nvml)", lambda r, role=role: f"{r['roles'][role]['nvml_asleep_bytes'] / GB:.2f}")
     row("all roles asleep GB (nvml)", lambda r: f"{r['all_asleep_nvml_bytes'] / GB:.2f}")
+    for name in dict.fromkeys(n for r in results for n in r["transition_seconds"]):
+        row(f"  {name} s", lambda r, name=name: f"{r['transition_seconds'][name]:.3f}")
     row("device peak in use GB (nvml)", lambda r: f"{r['device_peak_used_bytes'] / GB:.1f}")
     row("host pinned GB (parked state, all roles)", lambda r: f"{r['probe']['parked_bytes_total'] / GB:.1f}")
     row("host resident GB (all roles' RSS)", lambda r: f"{sum(v['rss_bytes'] for v in r['roles'].values()) / GB:.1f}")

@@ -83,8 +83,17 @@ def test_megatron_offload_round_trip_and_train_step(checkpoint):
     assert torch.cuda.memory_allocated() < allocated
     backend.onload()
     assert torch.equal(backend.forward(batch)["log_probs"], before)
+    backend.offload()  # the turn changed nothing: the host copies hold the values, nothing is copied
+    assert backend.last_transfer["bytes"] == 0
+    backend.onload()
+    assert torch.equal(backend.forward(batch)["log_probs"], before)
     after = backend.train(batch, loss_fn, micro_batch_size=4)
     assert after["loss"] < stats["loss"]
+    trained = backend.forward(batch)["log_probs"]
+    backend.offload()
+    assert backend.last_transfer["bytes"] > 0
+    backend.onload()
+    assert torch.equal(backend.forward(batch)["log_probs"], trained)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

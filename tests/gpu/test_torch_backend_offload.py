@@ -53,3 +53,62 @@ def test_a_trained_role_asleep_holds_no_device_memory(checkpoint, role):
         assert parked > 50e6
         assert torch.cuda.memory_reserved() < awake - 0.95 * parked, (awake, torch.cuda.memory_reserved(), parked)
         backend.onload()
+
+
+def test_an_offload_after_a_turn_that_changed_nothing_copies_nothing_and_loses_nothing(checkpoint):
+    """A log-probs turn (onload, forward, offload) moves nothing back to the host: the host copies
+    still hold the values, the device memory is freed all the same; after a train they move again."""
+    backend = TorchBackend(model_spec=ModelSpec(path=str(checkpoint), dtype="float32"), role="actor",
+                           learning_rate=1e-3, max_grad_norm=1.0, device="cuda", seed=0)
+    batch = make_batch()
+
+    def loss_fn(outputs, rows):
+        return outputs["log_probs"].square().mean(), {}
+
+    parameters = sum(p.numel() * p.element_size() for p in backend.model.parameters())
+    backend.train(batch, loss_fn, micro_batch_size=2)
+    trained = backend.forward(batch)["log_probs"]
+    backend.offload()
+    assert backend.last_transfer["bytes"] > 50e6
+    backend.onload()
+    assert torch.equal(backend.forward(batch)["log_probs"], trained)
+    torch.cuda.synchronize()
+    awake = torch.cuda.memory_reserved()
+    backend.offload()
+    assert backend.last_transfer["bytes"] == 0 and backend.last_transfer["copies"] == 0
+    assert torch.cuda.memory_reserved() < awake - 0.95 * parameters
+    backend.onload()
+    assert torch.equal(backend.forward(batch)["log_probs"], trained)
+    backend.train(batch, loss_fn, micro_batch_size=2)
+    changed = backend.forward(batch)["log_probs"]
+    backend.offload()
+    assert backend.last_transfer["bytes"] > 50e6
+    backend.onload()
+    assert torch.equal(backend.forward(batch)["log_probs"], changed) and not torch.equal(changed, trained)
+
+
+def test_the_optimizer_state_comes_back_beside_the_training_pass_and_changes_no_step(checkpoint):
+    """Onload brings the parameters only; `train` brings the optimizer state on a side stream (beside
+    its last backward pass) and steps exactly as a backend that never slept."""
+    def make():
+        return TorchBackend(model_spec=ModelSpec(path=str(checkpoint), dtype="float32"), role="actor",
+                            learning_rate=1e-3, max_grad_norm=1.0, device="cuda", seed=0)
+
+    slept, stayed, batch = make(), make(), make_batch()
+
+    def loss_fn(outputs, rows):
+        return outputs["log_probs"].square().mean(), {}
+
+    parameters = sum(p.numel() * p.element_size() for p in slept.model.parameters())
+    for backend in (slept, stayed):
+        backend.train(batch, loss_fn, micro_batch_size=2)
+    slept.offload()
+    slept.onload()
+    assert slept.last_transfer["bytes"] == pytest.approx(parameters, rel=0.01)  # no optimizer state
+    slept.forward(batch)
+    slept.offload()
+    slept.onload()
+    for backend in (slept, stayed):
+        backend.train(batch, loss_fn, micro_batch_size=2)
+    assert slept.last_transfer["beside_compute"] and slept.last_transfer["bytes"] >= 2 * parameters  # Adam's moments
+    torch.testing.assert_close(slept.forward(batch)["log_probs"], stayed.forward(batch)["log_probs"], atol=1e-6, rtol=0)

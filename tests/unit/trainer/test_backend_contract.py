@@ -3,7 +3,7 @@
 
 What a role may rely on and nothing else: forward's outputs (float32 on CPU, [B, T], zero on
 padding), one optimizer step per train (a reference has none), idempotent offload/onload that
-leave the model as it was, a state dict that round-trips bit for bit, policy weights for the
+leave the model as it was and change no later step, a state dict that round-trips bit for bit, policy weights for the
 engines (a critic has none), and process-group attach/release around a rebuilt group.
 """
 
@@ -119,6 +119,27 @@ def test_offload_and_onload_are_idempotent_and_leave_the_model_as_it_was(make, r
     backend.onload()
     after = backend.forward(batch)
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+@pytest.mark.parametrize("role", ["actor", "critic"])
+def test_sleeping_between_steps_changes_no_step(make, role):
+    """Offloads after a training turn and after a read-only turn (no copy back then), and the
+    optimizer state coming back beside the next training pass, train as a backend that never slept."""
+    slept, stayed, batch = make(role), make(role), sample_batch()
+    for backend in (slept, stayed):
+        backend.train(batch, loss_fn, micro_batch_size=2)
+    slept.offload()
+    slept.onload()
+    slept.forward(batch)  # a read-only turn
+    slept.offload()
+    slept.onload()
+    for backend in (slept, stayed):
+        backend.train(batch, loss_fn, micro_batch_size=2)
+    slept.offload()
+    slept.onload()
+    want, got = stayed.forward(batch), slept.forward(batch)
+    for key in want:
+        torch.testing.assert_close(got[key], want[key], atol=1e-6, rtol=0)
 
 
 @pytest.mark.parametrize("role", ["actor", "critic"])

@@ -81,7 +81,8 @@ class TrainBackend(Protocol):
         ...
 
     def onload(self) -> None:
-        """Bring everything back to the device."""
+        """Bring the parameters back to the device (the optimizer state may follow when `train`
+        needs it); every pass works after it."""
         ...
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:

@@ -3,7 +3,9 @@
 It implements `TrainBackend` with plain PyTorch on any device (cpu here, cuda on GPUs):
 micro-batched forward passes over the RolloutBatch layout, gradient accumulation, grad-norm
 clipping, one optimizer step per `train` call, and offload/onload as an explicit two-state
-machine (on device <-> on host) that moves parameters, gradients and optimizer state. With
+machine (on device <-> on host) that moves parameters, gradients and optimizer state (the
+optimizer state back only when `train` needs it, beside its last backward pass; nothing that did not change
+since the onload back to the host). With
 several data-parallel ranks (torch.distributed's default group, which roles/base.py builds while
 the role is awake) the accumulated gradients are summed over the ranks before clipping (each
 micro-batch's loss is its term of the whole batch's loss), so the ranks take identical steps,
@@ -25,7 +27,7 @@ from ppo_trainer.backends.base import COMPILED_WIDTH_MULTIPLE, LossFn, check_bac
 from ppo_trainer.batch import RolloutBatch
 from ppo_trainer.distributed import all_reduce_sum, sum_gradients
 from ppo_trainer.models.builtin import build_policy, build_value_model, resolve_dtype
-from ppo_trainer.models.residency import HostMirror
+from ppo_trainer.models.residency import HostMirror, SideStreamCopy
 from ppo_trainer.rollout.layout import aligned_rows
 from ppojob_api.spec import ModelSpec
 
@@ -91,8 +93,12 @@ class TorchBackend:
                 fused=self.device.type == "cuda",
             )
         self.offloaded = False
-        self._mirror = HostMirror(device=self.device)
-        self.last_transfer: dict[str, Any] = dict(self._mirror.last_transfer)
+        self._changed = True  # since the last onload: the host copies are stale (none exists yet)
+        self._weights_mirror = HostMirror(device=self.device)
+        self._optimizer_mirror = HostMirror(device=self.device)
+        self._optimizer_on_device = True
+        self._optimizer_copy = SideStreamCopy(device=self.device)
+        self.last_transfer: dict[str, Any] = dict(self._weights_mirror.last_transfer)
 
     # ----- passes -----------------------------------------------------------------------------
 
@@ -129,11 +135,18 @@ class TorchBackend:
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
         self.model.train()
+        self._changed = True
+        self._prepare_optimizer_state()
         self.optimizer.zero_grad(set_to_none=True)
         totals: dict[str, float] = {"loss": 0.0}
-        for rows in torch.arange(batch.size).split(micro_batch_size):
+        micro_batches = torch.arange(batch.size).split(micro_batch_size)
+        for index, rows in enumerate(micro_batches):
             loss, stats = loss_fn(self._outputs(batch, rows, with_entropy=not self.is_value_model), rows)
             loss.backward()
+            if index == len(micro_batches) - 1:
+                # Beside the last backward pass: earlier, the copy would hold up the micro-batches'
+                # own host-to-device copies (the same copy engine).
+                self._optimizer_copy.start()
             totals["loss"] += float(loss.detach())
             for key, value in stats.items():
                 totals[key] = totals.get(key, 0.0) + float(value)
@@ -142,7 +155,9 @@ class TorchBackend:
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
         finite = math.isfinite(grad_norm)
         if finite:
+            self._optimizer_copy.wait()
             self.optimizer.step()
+        self._settle_optimizer_copy()
         self.optimizer.zero_grad(set_to_none=True)
         keys = sorted(totals)
         summed = all_reduce_sum(torch.tensor([totals[key] for key in keys], dtype=torch.float64))
@@ -186,31 +201,66 @@ class TorchBackend:
 
     def offload(self) -> None:
         """Parameters, gradients and optimizer state to host memory (pinned for CUDA); no-op when
-        already offloaded. On a CPU device the host copy is the tensor itself: nothing moves."""
+        already offloaded. On a CPU device the host copy is the tensor itself: nothing moves. After
+        a turn that changed nothing (no `train`, no `load_state_dict` since the onload: a log-probs
+        pass, the reference) the host copies still hold the values: nothing is copied, the device
+        memory is only freed."""
         if self.offloaded:
             return
         self._transfer("offload")
         self.offloaded = True
 
     def onload(self) -> None:
-        """Everything back to the device; no-op when already there."""
+        """Parameters back to the device; no-op when already there. The optimizer state follows
+        when `train` needs it, its copy beside the last backward pass (a pass that only reads, such
+        as the log-probs, never moves it)."""
         if not self.offloaded:
             return
         self._transfer("onload")
         self.offloaded = False
 
     def _transfer(self, direction: str) -> None:
-        """Parameters, gradients and optimizer state through the mirror's one flat buffer."""
-        tensors, setters = self._resident_tensors()
+        """The parameters (and gradients) through one mirror; on offload the optimizer state, when on
+        the device, through the other."""
         with torch.no_grad():
-            move = self._mirror.to_host if direction == "offload" else self._mirror.to_device
-            move(tensors, lambda index, moved: setters[index](moved), direction=direction)
-        self.last_transfer = dict(self._mirror.last_transfer)
+            if direction == "onload":
+                tensors, setters = self._weight_tensors()
+                self._weights_mirror.to_device(tensors, lambda index, moved: setters[index](moved), direction=direction)
+                self.last_transfer = dict(self._weights_mirror.last_transfer)
+            else:
+                self._settle_optimizer_copy()  # a copy still in flight lands before its tensors move
+                parts = [(self._weights_mirror, self._weight_tensors())]
+                if self._optimizer_on_device:
+                    parts.append((self._optimizer_mirror, self._optimizer_state_tensors()))
+                records = []
+                for mirror, (tensors, setters) in parts:
+                    mirror.to_host(tensors, lambda index, moved, setters=setters: setters[index](moved),
+                                   direction=direction, unchanged=not self._changed)
+                    records.append(mirror.last_transfer)
+                self._optimizer_on_device = False
+                self.last_transfer = {key: sum(r[key] for r in records) if key != "direction" else direction
+                                      for key in records[0]}
+        self._changed = False
 
-    def _resident_tensors(self) -> tuple[list[torch.Tensor], list[Callable[[torch.Tensor], None]]]:
-        """Every tensor an offload moves, and for each the setter that swaps in its moved copy.
-        A function of its own so that no loop variable outlives it: one left holding a device view
-        would keep the whole device buffer alive past the mirror's release."""
+    def _prepare_optimizer_state(self) -> None:
+        """The optimizer state's device memory, and its copy prepared (`SideStreamCopy`); no-op when there."""
+        if self.optimizer is None or self._optimizer_on_device:
+            return
+        tensors, setters = self._optimizer_state_tensors()
+        copy = self._optimizer_mirror.stage_on_device(tensors, lambda index, moved: setters[index](moved))
+        if copy is not None:
+            self._optimizer_copy.prepare(copy)
+        self._optimizer_on_device = True
+
+    def _settle_optimizer_copy(self) -> None:
+        transfer = self._optimizer_copy.settle()
+        if transfer is not None:
+            self.last_transfer = transfer
+
+    def _weight_tensors(self) -> tuple[list[torch.Tensor], list[Callable[[torch.Tensor], None]]]:
+        """The parameters and gradients an offload moves, and for each the setter that swaps in its
+        moved copy. Functions of their own so that no loop variable outlives them: one left holding
+        a device view would keep the whole device buffer alive past the mirror's release."""
         tensors, setters = [], []
         for param in self.model.parameters():
             tensors.append(param.data)
@@ -218,6 +268,12 @@ class TorchBackend:
             if param.grad is not None:
                 tensors.append(param.grad)
                 setters.append(lambda t, p=param: setattr(p, "grad", t))
+        return tensors, setters
+
+    def _optimizer_state_tensors(self) -> tuple[list[torch.Tensor], list[Callable[[torch.Tensor], None]]]:
+        """The optimizer state's tensors and their setters (see `_weight_tensors`)."""
+        tensors, setters = [], []
+        for param in self.model.parameters():
             state = self.optimizer.state.get(param, {}) if self.optimizer is not None else {}
             for key, value in state.items():
                 if isinstance(value, torch.Tensor):
@@ -246,6 +302,8 @@ class TorchBackend:
 
     def state_dict(self) -> dict:
         """{"model": ..., "optimizer": ... or None}, every tensor a CPU copy."""
+        self._prepare_optimizer_state()
+        self._settle_optimizer_copy()
         model = {key: value.detach().to("cpu", copy=True) for key, value in self.model.state_dict().items()}
         optimizer = cpu_copy(self.optimizer.state_dict()) if self.optimizer is not None else None
         return {"model": model, "optimizer": optimizer}
@@ -255,6 +313,9 @@ class TorchBackend:
         self._require_on_device("load_state_dict")
         if "model" not in state:
             raise ValueError("state has no 'model' entry; pass what TorchBackend.state_dict() returned")
+        self._changed = True
+        self._prepare_optimizer_state()
+        self._settle_optimizer_copy()
         self.model.load_state_dict(state["model"])
         if self.optimizer is not None and state.get("optimizer") is not None:
             self.optimizer.load_state_dict(state["optimizer"])

@@ -8,6 +8,7 @@ buffer in one transfer, and hands back views into that. While the tensors are st
 views, the next offload is again one copy. The copies themselves are timed with device events
 ("seconds"); waiting for them and releasing the freed device memory are timed apart
 ("sync_seconds"). On a CPU device the host copy is the tensor itself and nothing moves.
+A `SideStreamCopy` queues copies on a stream of their own, so that compute runs beside them.
 Must not depend on models, optimizers or the PPO loop: callers decide which tensors to move.
 """
 
@@ -68,11 +69,14 @@ class HostMirror:
         self._device_flat: torch.Tensor | None = None
         self.last_transfer: dict = {"direction": None, "bytes": 0, "seconds": 0.0, "sync_seconds": 0.0, "copies": 0}
 
-    def to_host(self, tensors: list[torch.Tensor], put: Put, *, direction: str = "offload") -> None:
+    def to_host(self, tensors: list[torch.Tensor], put: Put, *, direction: str = "offload",
+                unchanged: bool = False) -> None:
         """Host views holding the device tensors' values; tensors already on the host stay as they are.
 
-        `tensors` is emptied before the freed device memory is released, so that it holds no
-        reference to the device copies."""
+        `unchanged`: nothing has written to the tensors since `to_device` brought them in, so
+        the host buffer still holds their values: when they are still that call's views, no copy
+        is made (0 bytes recorded) and only the device memory is freed. `tensors` is emptied
+        before the freed device memory is released, so that it holds no reference to the device copies."""
         moving = [i for i, t in enumerate(tensors) if self.device.type != "cpu" and t.device.type != "cpu"]
         if not moving:
             self._record(direction, 0, 0.0, 0.0, 0)
@@ -91,7 +95,10 @@ class HostMirror:
             for i, (offset, _, _) in zip(moving, layout, strict=True)
         )
         begin.record()
-        if whole:
+        moved = not (whole and unchanged)
+        if whole and unchanged:
+            copies = 0
+        elif whole:
             self._host.copy_(flat, non_blocking=True)
             copies = 1
         else:
@@ -103,30 +110,45 @@ class HostMirror:
             put(i, self._view(self._host, entry))
         self._device_flat = flat = None
         tensors.clear()
-        self._finish(direction, begin, end, started, copies, release=True)
+        self._finish(direction, begin, end, started, copies, release=True, moved=moved)
 
     def to_device(self, tensors: list[torch.Tensor], put: Put, *, direction: str = "onload") -> None:
         """Device views of the tensors that `to_host` parked (in one copy); anything else stays
         put (tensors that live on the host for good, such as AdamW's unfused `step` counters)."""
+        started = time.perf_counter()
+        copy = self.stage_on_device(tensors, put)
+        if copy is None:
+            self._record(direction, 0, 0.0, 0.0, 0)
+            return
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        copy()
+        end.record()
+        self._finish(direction, begin, end, started, 1, release=False)
+
+    def stage_on_device(self, tensors: list[torch.Tensor], put: Put) -> Callable[[], int] | None:
+        """`to_device` in two parts: the device views are put in place now, their values arrive
+        when the returned function runs (it queues the one copy on the current stream and returns
+        its bytes; `SideStreamCopy` runs it beside other work). None when nothing is parked."""
         host = self._host
         moving = [] if self.device.type == "cpu" or host is None else [
             i for i, t in enumerate(tensors)
             if t.device.type == "cpu" and t.untyped_storage().data_ptr() == host.untyped_storage().data_ptr()
         ]
         if not moving:
-            self._record(direction, 0, 0.0, 0.0, 0)
-            return
-        started = time.perf_counter()
+            return None
         flat = torch.empty(host.numel(), dtype=torch.uint8, device=self.device)
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        flat.copy_(host, non_blocking=True)
-        end.record()
         by_offset = {entry[0]: entry for entry in self._layout}
         for i in moving:
             put(i, self._view(flat, by_offset[tensors[i].data_ptr() - host.data_ptr()]))
         self._device_flat = flat
-        self._finish(direction, begin, end, started, 1, release=False)
+        size = sum(_nbytes(e) for e in self._layout)
+
+        def copy() -> int:
+            flat.copy_(host, non_blocking=True)
+            return size
+
+        return copy
 
     def _plan(self, tensors: list[torch.Tensor]) -> list[tuple[int, torch.Size, torch.dtype]]:
         layout, offset = [], 0
@@ -140,13 +162,15 @@ class HostMirror:
         offset, shape, dtype = entry
         return flat[offset : offset + _nbytes(entry)].view(dtype).view(shape)
 
-    def _finish(self, direction: str, begin, end, started: float, copies: int, *, release: bool) -> None:
+    def _finish(self, direction: str, begin, end, started: float, copies: int, *, release: bool,
+                moved: bool = True) -> None:
         end.synchronize()
         if release:
             torch.cuda.empty_cache()
         copy_seconds = begin.elapsed_time(end) / 1e3
         total = time.perf_counter() - started
-        self._record(direction, sum(_nbytes(e) for e in self._layout), copy_seconds, max(0.0, total - copy_seconds), copies)
+        size = sum(_nbytes(e) for e in self._layout) if moved else 0
+        self._record(direction, size, copy_seconds, max(0.0, total - copy_seconds), copies)
 
     def _record(self, direction: str, size: int, seconds: float, sync_seconds: float, copies: int) -> None:
         self.last_transfer = {
@@ -157,3 +181,64 @@ class HostMirror:
 def _nbytes(entry: tuple[int, torch.Size, torch.dtype]) -> int:
     _, shape, dtype = entry
     return shape.numel() * dtype.itemsize
+
+
+class SideStreamCopy:
+    """Host-to-device copies run on a stream of their own, beside compute queued on the current
+    stream (a training pass beside its optimizer state's onload). `prepare` takes the function that
+    queues them, right after the caller allocated their device memory: they will wait for the work
+    queued before that point (whose memory the allocation may reuse), not for what is queued after.
+    `start` queues them; `wait` makes the current stream wait for them (no host wait); `settle`
+    waits on the host and returns the transfer's record. On a CPU they run at `start`.
+    """
+
+    def __init__(self, *, device: str | torch.device):
+        self.device = torch.device(device)
+        self._stream: torch.cuda.Stream | None = None
+        self._prepared: tuple[Callable[[], int], torch.cuda.Event | None] | None = None
+        self._pending: tuple[torch.cuda.Event, torch.cuda.Event, int] | None = None
+
+    def prepare(self, copy: Callable[[], int]) -> None:
+        """`copy` queues the copies and returns their bytes."""
+        ready = None
+        if self.device.type == "cuda":
+            ready = torch.cuda.Event()
+            ready.record()
+        self._prepared = (copy, ready)
+
+    def start(self) -> None:
+        """Queue the prepared copies on the side stream; no-op when none is prepared."""
+        if self._prepared is None:
+            return
+        (copy, ready), self._prepared = self._prepared, None
+        if ready is None:
+            copy()
+            return
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(self.device)
+        self._stream.wait_event(ready)
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(self._stream):
+            begin.record()
+            size = copy()
+            end.record()
+        self._pending = (begin, end, size)
+
+    def wait(self) -> None:
+        """Work queued from now on on the current stream runs after the copies (started if they were not)."""
+        self.start()
+        if self._pending is not None:
+            torch.cuda.current_stream().wait_event(self._pending[1])
+
+    def settle(self) -> dict | None:
+        """Wait until the copies are done (started if they were not); their record as
+        `HostMirror.last_transfer` gives one ("seconds": the copies on the device), or None when
+        none was prepared."""
+        self.wait()
+        if self._pending is None:
+            return None
+        begin, end, size = self._pending
+        self._pending = None
+        end.synchronize()
+        return {"direction": "onload", "bytes": size, "seconds": begin.elapsed_time(end) / 1e3, "sync_seconds": 0.0,
+                "beside_compute": True}

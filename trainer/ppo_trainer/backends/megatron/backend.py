@@ -15,7 +15,9 @@ log-softmax and entropy only on positions of real response tokens, in chunks.
 Offload parks the parameter buffers, the fp32 main parameters and the Adam moments in pinned
 host buffers (allocated once, reused) and frees the device storage in place, so every view into
 a buffer (parameters, optimizer shards) stays valid; the gradient buffers are freed without a
-copy, since `train` zeroes them before use. Runs on CUDA only (megatron's RNG tracker and
+copy, since `train` zeroes them before use, and nothing is copied that did not change since the
+onload. Onload brings the parameters; the optimizer state comes back when `train` needs it, its
+copy on a side stream beside the last backward pass. Runs on CUDA only (megatron's RNG tracker and
 buffers). Written against the API megatron-core 0.16.1 and 0.19.2 share.
 
 Tensor and pipeline parallelism follow the spec: weights are sharded and staged on load and
@@ -66,7 +68,7 @@ from ppo_trainer.distributed import (
     repoint_process_groups,
 )
 from ppo_trainer.models.builtin import builtin_config, resolve_dtype, resolve_model_dir
-from ppo_trainer.models.residency import pinned_empty
+from ppo_trainer.models.residency import SideStreamCopy, pinned_empty
 from ppo_trainer.rollout.layout import aligned_rows
 from ppojob_api.spec import ModelSpec
 
@@ -276,10 +278,14 @@ class MegatronBackend:
         module = Float16Module(self.config, self.gpt) if self.half else self.gpt
         self.optimizer = None
         self.offloaded = False
+        self._changed = True  # since the last onload: the host copies are stale (none exists yet)
         self._held_groups: dict[int, GroupKey] = {}
         self.last_transfer: dict = {"direction": None, "bytes": 0, "seconds": 0.0, "sync_seconds": 0.0}
         self._parking = _Parking()
-        self._resident: list[tuple[object, torch.Tensor, bool]] = []
+        self._weights: list[tuple[object, torch.Tensor, bool]] = []
+        self._optimizer_state: list[tuple[object, torch.Tensor, bool]] = []
+        self._optimizer_on_device = True
+        self._optimizer_copy = SideStreamCopy(device=self.device)
         if role == "ref":
             self.model = module.requires_grad_(False).eval()
             return
@@ -342,6 +348,8 @@ class MegatronBackend:
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
         self.model.train()
+        self._changed = True
+        self._prepare_optimizer_state()
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
         micro_batches = math.ceil(batch.size / micro_batch_size)
@@ -355,6 +363,9 @@ class MegatronBackend:
 
         parts = self._schedule(batch, micro_batch_size, term, with_entropy=not self.is_value_model,
                                forward_only=False)
+        # Beside the last backward pass, still running: earlier, the copy would hold up the
+        # micro-batches' own host-to-device copies (the same copy engine).
+        self._optimizer_copy.start()
         finalize_model_grads([self.model])  # data-parallel reduce; the two copies of a tied embedding summed
         totals: dict[str, float] = {}
         if self.last_stage:
@@ -370,7 +381,9 @@ class MegatronBackend:
             dist.broadcast_object_list(carried, src=parallel_state.get_pipeline_model_parallel_last_rank(),
                                        group=parallel_state.get_pipeline_model_parallel_group())
             totals = carried[0]
+        self._optimizer_copy.wait()
         updated, grad_norm, _ = self.optimizer.step()
+        self._settle_optimizer_copy()
         grad_norm = float(grad_norm) if grad_norm is not None else math.nan
         return {**totals, "grad_norm": grad_norm, "skipped": 0.0 if updated else 1.0}
 
@@ -460,13 +473,17 @@ class MegatronBackend:
         return [self.model, self.gpt, self.optimizer]
 
     def offload(self) -> None:
-        """Parameters and optimizer state to pinned host memory, gradient buffers freed; no-op when offloaded."""
+        """Parameters and optimizer state to pinned host memory, gradient buffers freed; no-op when
+        offloaded. After a turn that changed nothing (no `train`, no `load_state_dict` since the
+        onload) the host copies still hold the values: the device storage is only freed."""
         if not self.offloaded:
             self._transfer("offload")
             self.offloaded = True
 
     def onload(self) -> None:
-        """Everything back on the device; no-op when already there."""
+        """Parameters back on the device, gradient buffers allocated; no-op when already there. The
+        fp32 main parameters and Adam moments follow when `train` needs them, their copy beside the
+        last backward pass (a pass that only reads, such as the log-probs, never moves them)."""
         if self.offloaded:
             self._transfer("onload")
             self.offloaded = False
@@ -479,19 +496,26 @@ class MegatronBackend:
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         with torch.no_grad():
             if direction == "offload":
-                # Listed while the buffers are on the device; onload reuses the same tensors.
-                self._resident = self._resident_tensors()
+                self._settle_optimizer_copy()  # a copy still in flight lands before its storage is parked
+                # Listed while on the device; onload (and `_prepare_optimizer_state`) reuse the same tensors.
+                self._weights = self._weight_tensors()
+                moving = list(self._weights)
+                if self.optimizer is not None and self._optimizer_on_device:
+                    self._optimizer_state = [(("optimizer", i), t, True) for i, t in enumerate(self._optimizer_tensors())]
+                    moving += self._optimizer_state
                 begin.record()
-                for key, tensor, keep in self._resident:
-                    parking.park(key, tensor, keep=keep)
+                for key, tensor, keep in moving:
+                    parking.park(key, tensor, keep=keep and self._changed)
+                self._optimizer_on_device = False
             else:
-                for key, tensor, _ in self._resident:
+                for key, tensor, _ in self._weights:
                     parking.allocate(key, tensor)
                 begin.record()
-                for key, tensor, keep in self._resident:
+                for key, tensor, keep in self._weights:
                     parking.restore(key, tensor, keep=keep)
             end.record()
         end.synchronize()
+        self._changed = False
         if direction == "offload":
             torch.cuda.empty_cache()
         copy_seconds = begin.elapsed_time(end) / 1e3
@@ -500,18 +524,38 @@ class MegatronBackend:
             "sync_seconds": max(0.0, time.perf_counter() - started - copy_seconds),
         }
 
-    def _resident_tensors(self) -> list[tuple[object, torch.Tensor, bool]]:
-        """(key, tensor, keep its values) for everything offload moves; gradient buffers are
-        freed without a copy, since `train` zeroes them before use."""
+    def _weight_tensors(self) -> list[tuple[object, torch.Tensor, bool]]:
+        """(key, tensor, keep its values) for the parameters and gradients offload moves; gradient
+        buffers are freed without a copy, since `train` zeroes them before use. Optimizer tensors
+        that are views into these buffers (fp32 models) move with them."""
         if self.optimizer is None:
             return [(("param", index), param.data, True) for index, param in enumerate(self.model.parameters())]
-        # Optimizer tensors that are views into the buffers (fp32 models) move with them.
-        resident = []
+        weights = []
         for index, buffer in enumerate(self.model.buffers):
-            resident.append((("param_buffer", index), buffer.param_data, True))
-            resident.append((("grad_buffer", index), buffer.grad_data, False))
-        resident += [(("optimizer", index), tensor, True) for index, tensor in enumerate(self._optimizer_tensors())]
-        return resident
+            weights.append((("param_buffer", index), buffer.param_data, True))
+            weights.append((("grad_buffer", index), buffer.grad_data, False))
+        return weights
+
+    def _prepare_optimizer_state(self) -> None:
+        """The optimizer state's device storage, and its copy prepared (`SideStreamCopy`); no-op when there."""
+        if self.optimizer is None or self._optimizer_on_device:
+            return
+        parking, tensors = self._parking, self._optimizer_state
+        for key, tensor, _ in tensors:
+            parking.allocate(key, tensor)
+
+        def copy() -> int:
+            for key, tensor, keep in tensors:
+                parking.restore(key, tensor, keep=keep)
+            return sum(tensor.nbytes for _, tensor, _ in tensors)
+
+        self._optimizer_copy.prepare(copy)
+        self._optimizer_on_device = True
+
+    def _settle_optimizer_copy(self) -> None:
+        transfer = self._optimizer_copy.settle()
+        if transfer is not None:
+            self.last_transfer = transfer
 
     def _optimizer_tensors(self) -> Iterator[torch.Tensor]:
         """The main parameters and optimizer state on the device that do not live in the DDP
@@ -578,6 +622,8 @@ class MegatronBackend:
         model = {n: t.detach().to("cpu", copy=True) for n, t in self._local_state().items()}
         if self.optimizer is None:
             return {"model": model, "optimizer": None}
+        self._prepare_optimizer_state()
+        self._settle_optimizer_copy()
         optimizer = [
             {"torch": cpu_copy(inner.state_dict()),
              "main_params": [p.detach().to("cpu", copy=True) for g in inner.param_groups for p in g["params"]]}
@@ -591,6 +637,9 @@ class MegatronBackend:
         self._require_on_device("load_state_dict")
         if "model" not in state:
             raise ValueError("state has no 'model' entry; pass what MegatronBackend.state_dict() returned")
+        self._changed = True
+        self._prepare_optimizer_state()
+        self._settle_optimizer_copy()
         with torch.no_grad():
             for name, tensor in self._local_state().items():
                 tensor.copy_(state["model"][name])
