@@ -127,7 +127,8 @@ def summarize(processes: list[dict], *, ceiling_tflops: float | None, pinned: di
     """Per-step figures from every process's records over `steps` steps (the measured ones):
     training passes' share of the bf16 ceiling, generation tokens/s, each transfer's bandwidth
     (bytes over the copy's own device time) against the pinned copy of the same direction, the
-    peak device memory each role reached awake, and the bytes each role parks in host memory."""
+    peak device memory each role reached awake, and the bytes each role's measured offloads parked in
+    host memory (a role whose offloads copy nothing, such as the reference after its first, counts none)."""
     records = [r for p in processes for r in p["records"]]
     out: dict = {"passes": {}, "transfers": {}, "peak_awake_bytes": {}, "parked_bytes": {}}
     passes = [r for r in records if "flops" in r]

@@ -317,7 +317,7 @@ def table(results: list[dict], ceiling: float | None, pinned: dict | None) -> st
     for name in dict.fromkeys(n for r in results for n in r["transition_seconds"]):
         row(f"  {name} s", lambda r, name=name: f"{r['transition_seconds'][name]:.3f}")
     row("device peak in use GB (nvml)", lambda r: f"{r['device_peak_used_bytes'] / GB:.1f}")
-    row("host pinned GB (parked state, all roles)", lambda r: f"{r['probe']['parked_bytes_total'] / GB:.1f}")
+    row("host pinned GB (parked by measured offloads)", lambda r: f"{r['probe']['parked_bytes_total'] / GB:.1f}")
     row("host resident GB (all roles' RSS)", lambda r: f"{sum(v['rss_bytes'] for v in r['roles'].values()) / GB:.1f}")
     return "\n".join(lines)
 

@@ -67,3 +67,33 @@ def _resident_bytes() -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def test_a_staged_onload_copied_beside_on_a_side_stream_lands_before_the_waiting_stream_reads_it():
+    """`stage_on_device` puts the device views in place at once; `SideStreamCopy` fills them on its own
+    stream, and work queued after `wait` on the current stream sees the values."""
+    from ppo_trainer.models.residency import SideStreamCopy
+
+    mirror = HostMirror(device="cuda")
+    tensors = [torch.randn(4096, 1024, device="cuda"), torch.randn(777, device="cuda")]
+    expected = [t.cpu() for t in tensors]
+    slots = list(tensors)
+
+    def put(index: int, moved: torch.Tensor) -> None:
+        slots[index] = moved
+
+    del tensors
+    mirror.to_host(list(slots), put)
+    side = SideStreamCopy(device="cuda")
+    side.prepare(mirror.stage_on_device(list(slots), put))
+    assert all(t.device.type == "cuda" for t in slots)
+    busy = torch.randn(2048, 2048, device="cuda")
+    for _ in range(20):  # compute queued after the allocation, beside which the copy runs
+        busy = busy @ busy / 2048**0.5
+    side.start()
+    side.wait()
+    sums = [t.sum() for t in slots]
+    transfer = side.settle()
+    assert transfer["beside_compute"] and transfer["bytes"] == sum(e.numel() * e.element_size() for e in expected)
+    for s, e in zip(sums, expected, strict=True):
+        torch.testing.assert_close(s.cpu(), e.sum())
