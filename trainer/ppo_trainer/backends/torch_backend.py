@@ -157,7 +157,7 @@ class TorchBackend:
         if finite:
             self._optimizer_copy.wait()
             self.optimizer.step()
-        self._settle_optimizer_copy()
+        self.last_transfer = self._optimizer_copy.settle(self.last_transfer)
         self.optimizer.zero_grad(set_to_none=True)
         keys = sorted(totals)
         summed = all_reduce_sum(torch.tensor([totals[key] for key in keys], dtype=torch.float64))
@@ -228,7 +228,8 @@ class TorchBackend:
                 self._weights_mirror.to_device(tensors, lambda index, moved: setters[index](moved), direction=direction)
                 self.last_transfer = dict(self._weights_mirror.last_transfer)
             else:
-                self._settle_optimizer_copy()  # a copy still in flight lands before its tensors move
+                # A copy still in flight lands before its tensors move.
+                self.last_transfer = self._optimizer_copy.settle(self.last_transfer)
                 parts = [(self._weights_mirror, self._weight_tensors())]
                 if self._optimizer_on_device:
                     parts.append((self._optimizer_mirror, self._optimizer_state_tensors()))
@@ -251,11 +252,6 @@ class TorchBackend:
         if copy is not None:
             self._optimizer_copy.prepare(copy)
         self._optimizer_on_device = True
-
-    def _settle_optimizer_copy(self) -> None:
-        transfer = self._optimizer_copy.settle()
-        if transfer is not None:
-            self.last_transfer = transfer
 
     def _weight_tensors(self) -> tuple[list[torch.Tensor], list[Callable[[torch.Tensor], None]]]:
         """The parameters and gradients an offload moves, and for each the setter that swaps in its
@@ -303,7 +299,7 @@ class TorchBackend:
     def state_dict(self) -> dict:
         """{"model": ..., "optimizer": ... or None}, every tensor a CPU copy."""
         self._prepare_optimizer_state()
-        self._settle_optimizer_copy()
+        self.last_transfer = self._optimizer_copy.settle(self.last_transfer)
         model = {key: value.detach().to("cpu", copy=True) for key, value in self.model.state_dict().items()}
         optimizer = cpu_copy(self.optimizer.state_dict()) if self.optimizer is not None else None
         return {"model": model, "optimizer": optimizer}
@@ -315,7 +311,7 @@ class TorchBackend:
             raise ValueError("state has no 'model' entry; pass what TorchBackend.state_dict() returned")
         self._changed = True
         self._prepare_optimizer_state()
-        self._settle_optimizer_copy()
+        self.last_transfer = self._optimizer_copy.settle(self.last_transfer)
         self.model.load_state_dict(state["model"])
         if self.optimizer is not None and state.get("optimizer") is not None:
             self.optimizer.load_state_dict(state["optimizer"])

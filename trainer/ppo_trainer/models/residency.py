@@ -230,13 +230,13 @@ class SideStreamCopy:
         if self._pending is not None:
             torch.cuda.current_stream().wait_event(self._pending[1])
 
-    def settle(self) -> dict | None:
+    def settle(self, default: dict | None = None) -> dict | None:
         """Wait until the copies are done (started if they were not); their record as
-        `HostMirror.last_transfer` gives one ("seconds": the copies on the device), or None when
-        none was prepared."""
+        `HostMirror.last_transfer` gives one ("seconds": the copies on the device), or `default`
+        when none was prepared."""
         self.wait()
         if self._pending is None:
-            return None
+            return default
         begin, end, size = self._pending
         self._pending = None
         end.synchronize()

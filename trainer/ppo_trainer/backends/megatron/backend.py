@@ -383,7 +383,7 @@ class MegatronBackend:
             totals = carried[0]
         self._optimizer_copy.wait()
         updated, grad_norm, _ = self.optimizer.step()
-        self._settle_optimizer_copy()
+        self.last_transfer = self._optimizer_copy.settle(self.last_transfer)
         grad_norm = float(grad_norm) if grad_norm is not None else math.nan
         return {**totals, "grad_norm": grad_norm, "skipped": 0.0 if updated else 1.0}
 
@@ -496,7 +496,8 @@ class MegatronBackend:
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         with torch.no_grad():
             if direction == "offload":
-                self._settle_optimizer_copy()  # a copy still in flight lands before its storage is parked
+                # A copy still in flight lands before its storage is parked.
+                self.last_transfer = self._optimizer_copy.settle(self.last_transfer)
                 # Listed while on the device; onload (and `_prepare_optimizer_state`) reuse the same tensors.
                 self._weights = self._weight_tensors()
                 moving = list(self._weights)
@@ -551,11 +552,6 @@ class MegatronBackend:
 
         self._optimizer_copy.prepare(copy)
         self._optimizer_on_device = True
-
-    def _settle_optimizer_copy(self) -> None:
-        transfer = self._optimizer_copy.settle()
-        if transfer is not None:
-            self.last_transfer = transfer
 
     def _optimizer_tensors(self) -> Iterator[torch.Tensor]:
         """The main parameters and optimizer state on the device that do not live in the DDP
@@ -623,7 +619,7 @@ class MegatronBackend:
         if self.optimizer is None:
             return {"model": model, "optimizer": None}
         self._prepare_optimizer_state()
-        self._settle_optimizer_copy()
+        self.last_transfer = self._optimizer_copy.settle(self.last_transfer)
         optimizer = [
             {"torch": cpu_copy(inner.state_dict()),
              "main_params": [p.detach().to("cpu", copy=True) for g in inner.param_groups for p in g["params"]]}
@@ -639,7 +635,7 @@ class MegatronBackend:
             raise ValueError("state has no 'model' entry; pass what MegatronBackend.state_dict() returned")
         self._changed = True
         self._prepare_optimizer_state()
-        self._settle_optimizer_copy()
+        self.last_transfer = self._optimizer_copy.settle(self.last_transfer)
         with torch.no_grad():
             for name, tensor in self._local_state().items():
                 tensor.copy_(state["model"][name])
