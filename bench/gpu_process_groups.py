@@ -3,11 +3,11 @@
 Builds the default group and megatron's model-parallel groups as a waking role does, runs one
 collective on each group a model would use (NCCL builds a communicator per group at its first
 collective), then tears them down as a sleeping role does; three cycles, with megatron's groups
-as it builds them, with groups of the same ranks merged (`merge_groups_of_the_same_ranks`,
-what the Megatron backend does), and merged with the destroy on a thread (`Teardown`, what a
-sleeping role does) while the role's offload copies 2 GiB to pinned host memory, against the same
-copy alone. Prints, per cycle, the seconds of each part and the GPU memory
-the communicators held; writes process_groups.json into --out.
+as it builds them (gloo twins included), with no gloo twins and groups of the same ranks merged
+(`merge_groups_of_the_same_ranks`: what the Megatron backend does), and that with the destroy
+on a thread (`Teardown`, what a sleeping role does) while the role's offload copies 2 GiB to
+pinned host memory, against the same copy alone. Prints, per cycle, the seconds of each part and
+the GPU memory the communicators held; writes process_groups.json into --out.
 
     python3 bench/gpu_process_groups.py --out $OUT/groups
 """
@@ -65,8 +65,9 @@ def cycles(variant: str, count: int) -> list[dict]:
         before = free_mib()
         started = time.perf_counter()
         dist.init_process_group("nccl", store=dist.PrefixStore(f"{variant}/{n}/", store), rank=0, world_size=1)
-        parallel_state.initialize_model_parallel(1, 1, order="tp-cp-ep-pp-dp")
-        if variant != "as built":
+        as_built = variant == "as built"
+        parallel_state.initialize_model_parallel(1, 1, order="tp-cp-ep-pp-dp", create_gloo_process_groups=as_built)
+        if not as_built:
             merge_groups_of_the_same_ranks(parallel_state)
         built = time.perf_counter()
         groups = used_groups()

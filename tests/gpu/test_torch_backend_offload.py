@@ -1,9 +1,14 @@
 """The Torch backend's offload on a real GPU: a role asleep gives its device memory back.
 
-Skipped without CUDA (CI has none); run on the GPU machine with `python -m pytest -q -m gpu tests/gpu`.
+The device-memory figures are read in a process of their own (`in_fresh_process`): blocks that earlier
+tests of the session leave in torch's caching allocator can share a segment with the parked buffer
+and keep it reserved. Skipped without CUDA (CI has none); run on the GPU machine with
+`python -m pytest -q -m gpu tests/gpu`.
 """
 
 from __future__ import annotations
+
+import multiprocessing
 
 import pytest
 import torch
@@ -31,11 +36,22 @@ def make_batch() -> RolloutBatch:
                         prompt_length=12, rollout_log_probs=torch.zeros(4, 12), scores=torch.zeros(4))
 
 
+def in_fresh_process(function, *args) -> None:
+    """`function(*args)` in a new process (its own CUDA context and caching allocator); what it
+    raises is raised here."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        pool.apply(function, args)
+
+
 @pytest.mark.parametrize("role", ["actor", "critic"])
 def test_a_trained_role_asleep_holds_no_device_memory(checkpoint, role):
     """After training, an offload alone (no cache emptying by the caller) returns the parked
     parameters and optimizer state to the driver, the second time too, when they are views of
     the one device buffer the previous onload allocated."""
+    in_fresh_process(trained_role_asleep_holds_no_device_memory, checkpoint, role)
+
+
+def trained_role_asleep_holds_no_device_memory(checkpoint, role: str) -> None:
     backend = TorchBackend(model_spec=ModelSpec(path=str(checkpoint), dtype="float32"), role=role,
                            learning_rate=1e-3, max_grad_norm=1.0, device="cuda", seed=0)
     batch = make_batch()
@@ -58,6 +74,10 @@ def test_a_trained_role_asleep_holds_no_device_memory(checkpoint, role):
 def test_an_offload_after_a_turn_that_changed_nothing_copies_nothing_and_loses_nothing(checkpoint):
     """A log-probs turn (onload, forward, offload) moves nothing back to the host: the host copies
     still hold the values, the device memory is freed all the same; after a train they move again."""
+    in_fresh_process(unchanged_offload_copies_nothing_and_loses_nothing, checkpoint)
+
+
+def unchanged_offload_copies_nothing_and_loses_nothing(checkpoint) -> None:
     backend = TorchBackend(model_spec=ModelSpec(path=str(checkpoint), dtype="float32"), role="actor",
                            learning_rate=1e-3, max_grad_norm=1.0, device="cuda", seed=0)
     batch = make_batch()

@@ -97,8 +97,11 @@ def ensure_parallel_state(*, tensor: int, pipeline: int, seed: int | None) -> No
     else:
         # Model-parallel ranks are contiguous (tensor first, then pipeline), data-parallel outermost:
         # the layout RoleWorker's data_rank assumes.
+        # No gloo twins of the groups: they serve megatron's own checkpoint gathers, which this backend
+        # does not use (`state_dict`), and every group is rebuilt and destroyed around each sleep.
         parallel_state.initialize_model_parallel(
-            tensor_model_parallel_size=tensor, pipeline_model_parallel_size=pipeline, order="tp-cp-ep-pp-dp"
+            tensor_model_parallel_size=tensor, pipeline_model_parallel_size=pipeline, order="tp-cp-ep-pp-dp",
+            create_gloo_process_groups=False,
         )
         merge_groups_of_the_same_ranks(parallel_state)  # one communicator per set of ranks, not per kind
     if seed is not None:
@@ -308,6 +311,7 @@ class MegatronBackend:
                 clip_grad=max_grad_norm,
             ),
             [self.model],
+            use_gloo_process_groups=False,
         )
 
     def _load_hf(self, directory: Path) -> None:
