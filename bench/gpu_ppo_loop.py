@@ -228,7 +228,7 @@ def run_loop(backend: str, schedule: str, configs: dict[str, dict], args: argpar
             entry["nvml_asleep_bytes"] = nvml_asleep.get(p["pid"], 0)
             entry["reserved_asleep_bytes"] = a.get("reserved_now", 0)
             entry["allocated_asleep_bytes"] = a.get("allocated_now", 0)
-    transitions = transition_seconds(clock.events, skip_steps=1 if len(step_list) > 1 else 0, steps=len(measured))
+    transitions = transition_seconds(clock.events, after=first_end, steps=len(measured))
     waited = statistics.mean(s["stages"]["generate"] for s in measured)
     generated = statistics.mean(s["generation_seconds"] for s in measured)
     return {
@@ -247,16 +247,15 @@ def run_loop(backend: str, schedule: str, configs: dict[str, dict], args: argpar
     }
 
 
-def transition_seconds(events: list[tuple[str, dict]], *, skip_steps: int, steps: int) -> dict[str, float]:
+def transition_seconds(events: list[tuple[str, dict]], *, after: float, steps: int) -> dict[str, float]:
     """Seconds per step of each kind of transition the roles reported (a role waking or sleeping,
     its process group built or destroyed: "actor.process_group asleep->awake"), summed over ranks,
-    after the first `skip_steps` steps."""
+    of those that finished after `after` (wall clock). A step's last transitions (the actor's sleep
+    after the weight sync) reach the driver after the step's own event: told apart by when they
+    finished, the first step's (its first offloads pin the host buffers) stay out."""
     totals: dict[str, float] = {}
-    seen_steps = 0
     for kind, fields in events:
-        if kind == "step":
-            seen_steps += 1
-        elif kind == "transition" and seen_steps >= skip_steps:
+        if kind == "transition" and fields["time"] > after:
             name = f"{fields['role']} {fields['frm']}->{fields['to']}"
             totals[name] = totals.get(name, 0.0) + fields["seconds"] / max(steps, 1)
     return totals

@@ -52,7 +52,7 @@ class ProgressTracker:
         transitions, states = self.poll()
         for t in transitions:
             self.reporter.event("transition", role=t.role, rank=t.rank, frm=t.from_state, to=t.to_state,
-                                seconds=round(t.seconds, 6))
+                                seconds=round(t.seconds, 6), time=t.time)
         residency = {"actor": TrainResidency(states["actor"]), "rollout": RolloutResidency(states["rollout"])}
         if "critic" in states:
             residency["critic"] = TrainResidency(states["critic"])
