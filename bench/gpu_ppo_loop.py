@@ -252,7 +252,7 @@ def transition_seconds(events: list[tuple[str, dict]], *, after: float, steps: i
     its process group built or destroyed: "actor.process_group asleep->awake"), summed over ranks,
     of those that finished after `after` (wall clock). A step's last transitions (the actor's sleep
     after the weight sync) reach the driver after the step's own event: told apart by when they
-    finished, the first step's (its first offloads pin the host buffers) stay out."""
+    finished, the first step's stay out."""
     totals: dict[str, float] = {}
     for kind, fields in events:
         if kind == "transition" and fields["time"] > after:
