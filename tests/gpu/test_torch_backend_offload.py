@@ -108,8 +108,8 @@ def unchanged_offload_copies_nothing_and_loses_nothing(checkpoint) -> None:
 
 
 def test_the_optimizer_state_comes_back_beside_the_training_pass_and_changes_no_step(checkpoint):
-    """Onload brings the parameters only; `train` brings the optimizer state on a side stream (beside
-    its last backward pass) and steps exactly as a backend that never slept."""
+    """Onload brings the parameters only; `train` brings the optimizer state on a side stream (in shares
+    beside its micro-batches) and steps exactly as a backend that never slept."""
     def make():
         return TorchBackend(model_spec=ModelSpec(path=str(checkpoint), dtype="float32"), role="actor",
                             learning_rate=1e-3, max_grad_norm=1.0, device="cuda", seed=0)

@@ -1,5 +1,5 @@
 """`models/residency.py` on a CPU: a HostMirror moves nothing there, and a SideStreamCopy runs its
-copy when started (not when prepared), once. The GPU side: tests/gpu/test_host_mirror.py."""
+copy's parts as they are queued (not when prepared), each once. The GPU side: tests/gpu/test_host_mirror.py."""
 
 from __future__ import annotations
 
@@ -8,18 +8,29 @@ import torch
 from ppo_trainer.models.residency import HostMirror, SideStreamCopy
 
 
-def test_a_side_stream_copy_runs_when_started_once_and_settles_to_nothing_on_a_cpu():
-    runs: list[int] = []
+def test_a_side_stream_copy_runs_its_parts_as_queued_each_once_and_settles_to_its_bytes_on_a_cpu():
+    runs: list[tuple[int, int]] = []
+
+    def copy(part: int, parts: int) -> int:
+        runs.append((part, parts))
+        return 8
+
     side = SideStreamCopy(device="cpu")
-    side.prepare(lambda: runs.append(1) or 8)
+    side.prepare(copy)
+    side.split(3)
     assert runs == []
-    side.start()
-    side.start()
-    assert runs == [1]
+    side.advance()
+    side.split(5)  # too late: a part is queued
+    assert runs == [(0, 3)]
+    side.wait()  # queues what is left
+    side.advance()
+    assert runs == [(0, 3), (1, 3), (2, 3)]
+    assert side.settle() == {"direction": "onload", "bytes": 24, "seconds": 0.0, "sync_seconds": 0.0,
+                             "beside_compute": True}
     assert side.settle() is None
-    side.prepare(lambda: runs.append(2) or 8)
-    side.wait()  # starts what was prepared
-    assert runs == [1, 2]
+    side.prepare(copy)
+    side.wait()  # one part unless split
+    assert runs[-1] == (0, 1)
 
 
 def test_a_host_mirror_on_a_cpu_leaves_the_tensors_where_they_are():

@@ -4,7 +4,7 @@ It implements `TrainBackend` with plain PyTorch on any device (cpu here, cuda on
 micro-batched forward passes over the RolloutBatch layout, gradient accumulation, grad-norm
 clipping, one optimizer step per `train` call, and offload/onload as an explicit two-state
 machine (on device <-> on host) that moves parameters, gradients and optimizer state (the
-optimizer state back only when `train` needs it, beside its last backward pass; nothing that did not change
+optimizer state back only when `train` needs it, in shares beside its micro-batches; nothing that did not change
 since the onload back to the host). With
 several data-parallel ranks (torch.distributed's default group, which roles/base.py builds while
 the role is awake) the accumulated gradients are summed over the ranks before clipping (each
@@ -140,13 +140,13 @@ class TorchBackend:
         self.optimizer.zero_grad(set_to_none=True)
         totals: dict[str, float] = {"loss": 0.0}
         micro_batches = torch.arange(batch.size).split(micro_batch_size)
-        for index, rows in enumerate(micro_batches):
+        self._optimizer_copy.split(len(micro_batches))
+        for rows in micro_batches:
             loss, stats = loss_fn(self._outputs(batch, rows, with_entropy=not self.is_value_model), rows)
+            # A share of the optimizer state's copy beside each micro-batch's backward pass, queued
+            # after the micro-batch's own host-to-device copies (the same copy engine).
+            self._optimizer_copy.advance()
             loss.backward()
-            if index == len(micro_batches) - 1:
-                # Beside the last backward pass: earlier, the copy would hold up the micro-batches'
-                # own host-to-device copies (the same copy engine).
-                self._optimizer_copy.start()
             totals["loss"] += float(loss.detach())
             for key, value in stats.items():
                 totals[key] = totals.get(key, 0.0) + float(value)
@@ -212,7 +212,7 @@ class TorchBackend:
 
     def onload(self) -> None:
         """Parameters back to the device; no-op when already there. The optimizer state follows
-        when `train` needs it, its copy beside the last backward pass (a pass that only reads, such
+        when `train` needs it, its copy in shares beside the micro-batches (a pass that only reads, such
         as the log-probs, never moves it)."""
         if not self.offloaded:
             return

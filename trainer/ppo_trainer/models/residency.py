@@ -122,14 +122,15 @@ class HostMirror:
             return
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         begin.record()
-        copy()
+        copy(0, 1)
         end.record()
         self._finish(direction, begin, end, started, 1, release=False)
 
-    def stage_on_device(self, tensors: list[torch.Tensor], put: Put) -> Callable[[], int] | None:
+    def stage_on_device(self, tensors: list[torch.Tensor], put: Put) -> Callable[[int, int], int] | None:
         """`to_device` in two parts: the device views are put in place now, their values arrive
-        when the returned function runs (it queues the one copy on the current stream and returns
-        its bytes; `SideStreamCopy` runs it beside other work). None when nothing is parked."""
+        when the returned function runs (`copy(part, parts)` queues that share of the one buffer's
+        copy on the current stream and returns its bytes; `SideStreamCopy` runs it beside other
+        work). None when nothing is parked."""
         host = self._host
         moving = [] if self.device.type == "cpu" or host is None else [
             i for i, t in enumerate(tensors)
@@ -144,9 +145,10 @@ class HostMirror:
         self._device_flat = flat
         size = sum(_nbytes(e) for e in self._layout)
 
-        def copy() -> int:
-            flat.copy_(host, non_blocking=True)
-            return size
+        def copy(part: int, parts: int) -> int:
+            low, high = host.numel() * part // parts, host.numel() * (part + 1) // parts
+            flat[low:high].copy_(host[low:high], non_blocking=True)
+            return size * (part + 1) // parts - size * part // parts
 
         return copy
 
@@ -188,57 +190,78 @@ class SideStreamCopy:
     stream (a training pass beside its optimizer state's onload). `prepare` takes the function that
     queues them, right after the caller allocated their device memory: they will wait for the work
     queued before that point (whose memory the allocation may reuse), not for what is queued after.
-    `start` queues them; `wait` makes the current stream wait for them (no host wait); `settle`
-    waits on the host and returns the transfer's record. On a CPU they run at `start`.
+    The function queues one of several parts (`copy(part, parts)`, returning its bytes): `split`
+    says how many, `advance` queues the next one (a training pass queues one beside each
+    micro-batch, after the micro-batch's own host-to-device copies, which would otherwise wait
+    behind the whole copy on the copy engine); `wait` queues what is left and makes the current
+    stream wait for it (no host wait); `settle` waits on the host and returns the transfer's
+    record. On a CPU the parts run as they are queued.
     """
 
     def __init__(self, *, device: str | torch.device):
         self.device = torch.device(device)
         self._stream: torch.cuda.Stream | None = None
-        self._prepared: tuple[Callable[[], int], torch.cuda.Event | None] | None = None
-        self._pending: tuple[torch.cuda.Event, torch.cuda.Event, int] | None = None
+        self._copy: Callable[[int, int], int] | None = None
+        self._ready: torch.cuda.Event | None = None
+        self._parts, self._next = 1, 0
+        self._queued: list[tuple[torch.cuda.Event, torch.cuda.Event] | None] = []
+        self._bytes = 0
 
-    def prepare(self, copy: Callable[[], int]) -> None:
-        """`copy` queues the copies and returns their bytes."""
-        ready = None
+    def prepare(self, copy: Callable[[int, int], int]) -> None:
+        """`copy(part, parts)` queues that part of the copies and returns its bytes; one part by default."""
+        self._ready = None
         if self.device.type == "cuda":
-            ready = torch.cuda.Event()
-            ready.record()
-        self._prepared = (copy, ready)
+            self._ready = torch.cuda.Event()
+            self._ready.record()
+        self._copy, self._parts, self._next = copy, 1, 0
 
-    def start(self) -> None:
-        """Queue the prepared copies on the side stream; no-op when none is prepared."""
-        if self._prepared is None:
+    def split(self, parts: int) -> None:
+        """Run the prepared copy, none of it queued yet, in `parts` parts; no-op when none is prepared."""
+        if self._copy is not None and self._next == 0:
+            self._parts = max(1, parts)
+
+    def advance(self) -> None:
+        """Queue the next part on the side stream; no-op when none is left."""
+        if self._copy is None:
             return
-        (copy, ready), self._prepared = self._prepared, None
-        if ready is None:
-            copy()
+        part, parts, copy = self._next, self._parts, self._copy
+        self._next += 1
+        if self._next == parts:
+            self._copy = None
+        if self._ready is None:
+            self._bytes += copy(part, parts)
+            self._queued.append(None)
             return
         if self._stream is None:
             self._stream = torch.cuda.Stream(self.device)
-        self._stream.wait_event(ready)
+        if part == 0:
+            self._stream.wait_event(self._ready)
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         with torch.cuda.stream(self._stream):
             begin.record()
-            size = copy()
+            self._bytes += copy(part, parts)
             end.record()
-        self._pending = (begin, end, size)
+        self._queued.append((begin, end))
 
     def wait(self) -> None:
-        """Work queued from now on on the current stream runs after the copies (started if they were not)."""
-        self.start()
-        if self._pending is not None:
-            torch.cuda.current_stream().wait_event(self._pending[1])
+        """Work queued from now on on the current stream runs after the copies (every part queued)."""
+        while self._copy is not None:
+            self.advance()
+        if self._queued and self._queued[-1] is not None:
+            torch.cuda.current_stream().wait_event(self._queued[-1][1])
 
     def settle(self, default: dict | None = None) -> dict | None:
-        """Wait until the copies are done (started if they were not); their record as
-        `HostMirror.last_transfer` gives one ("seconds": the copies on the device), or `default`
-        when none was prepared."""
+        """Wait until the copies are done (queued if they were not); their record as
+        `HostMirror.last_transfer` gives one ("seconds": the parts' copies on the device, summed), or
+        `default` when none was prepared."""
         self.wait()
-        if self._pending is None:
+        if not self._queued:
             return default
-        begin, end, size = self._pending
-        self._pending = None
-        end.synchronize()
-        return {"direction": "onload", "bytes": size, "seconds": begin.elapsed_time(end) / 1e3, "sync_seconds": 0.0,
-                "beside_compute": True}
+        queued, size = self._queued, self._bytes
+        self._queued, self._bytes = [], 0
+        seconds = 0.0
+        for events in queued:
+            if events is not None:
+                events[1].synchronize()
+                seconds += events[0].elapsed_time(events[1]) / 1e3
+        return {"direction": "onload", "bytes": size, "seconds": seconds, "sync_seconds": 0.0, "beside_compute": True}

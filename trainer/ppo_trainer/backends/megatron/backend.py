@@ -17,7 +17,7 @@ host buffers (allocated once, reused) and frees the device storage in place, so 
 a buffer (parameters, optimizer shards) stays valid; the gradient buffers are freed without a
 copy, since `train` zeroes them before use, and nothing is copied that did not change since the
 onload. Onload brings the parameters; the optimizer state comes back when `train` needs it, its
-copy on a side stream beside the last backward pass. Runs on CUDA only (megatron's RNG tracker and
+copy on a side stream in shares beside the micro-batches. Runs on CUDA only (megatron's RNG tracker and
 buffers). Written against the API megatron-core 0.16.1 and 0.19.2 share.
 
 Tensor and pipeline parallelism follow the spec: weights are sharded and staged on load and
@@ -33,11 +33,12 @@ micro-batches and the data-parallel ranks. Must not depend on Ray or the PPO loo
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -365,11 +366,12 @@ class MegatronBackend:
             loss, stats = loss_fn(outputs, rows)
             return loss * (micro_batches * data_parallel), {"loss": float(loss.detach()), **stats}
 
+        # A share of the optimizer state's copy beside each micro-batch, queued after its forward
+        # pass and before its outputs' host-to-device copies (the same copy engine), which wait for
+        # it while the forward pass runs.
+        self._optimizer_copy.split(micro_batches)
         parts = self._schedule(batch, micro_batch_size, term, with_entropy=not self.is_value_model,
-                               forward_only=False)
-        # Beside the last backward pass, still running: earlier, the copy would hold up the
-        # micro-batches' own host-to-device copies (the same copy engine).
-        self._optimizer_copy.start()
+                               forward_only=False, after_forward=self._optimizer_copy.advance)
         finalize_model_grads([self.model])  # data-parallel reduce; the two copies of a tied embedding summed
         totals: dict[str, float] = {}
         if self.last_stage:
@@ -392,10 +394,11 @@ class MegatronBackend:
         return {**totals, "grad_norm": grad_norm, "skipped": 0.0 if updated else 1.0}
 
     def _schedule(self, batch: RolloutBatch, micro_batch_size: int, consume, *, with_entropy: bool,
-                  forward_only: bool) -> list:
+                  forward_only: bool, after_forward: Callable[[], None] | None = None) -> list:
         """Megatron's forward-backward schedule over the batch's micro-batches: on the last stage each
         micro-batch's outputs (`_outputs`) go to `consume(outputs, rows)`, whose results come back in
-        order (a loss and its statistics when training). Other stages return []."""
+        order (a loss and its statistics when training). Other stages return []. `after_forward`
+        runs once a micro-batch's forward pass is queued."""
         micro_batches = list(torch.arange(batch.size).split(micro_batch_size))
 
         def forward_step(data_iterator, model):
@@ -410,6 +413,8 @@ class MegatronBackend:
                     output = model(input_ids=ids, position_ids=positions, attention_mask=None, **extra)
             else:
                 output = model(input_ids=ids, position_ids=positions, attention_mask=None, **extra)
+            if after_forward is not None:
+                after_forward()
 
             def last_stage(output, non_loss_data=False):
                 outputs = self._outputs(output, head.get("weight"), batch, rows, aligned, with_entropy=with_entropy)
@@ -487,7 +492,7 @@ class MegatronBackend:
     def onload(self) -> None:
         """Parameters back on the device, gradient buffers allocated; no-op when already there. The
         fp32 main parameters and Adam moments follow when `train` needs them, their copy beside the
-        last backward pass (a pass that only reads, such as the log-probs, never moves them)."""
+        micro-batches (a pass that only reads, such as the log-probs, never moves them)."""
         if self.offloaded:
             self._transfer("onload")
             self.offloaded = False
@@ -549,10 +554,15 @@ class MegatronBackend:
         for key, tensor, _ in tensors:
             parking.allocate(key, tensor)
 
-        def copy() -> int:
-            for key, tensor, keep in tensors:
+        offsets = list(itertools.accumulate((tensor.nbytes for _, tensor, _ in tensors), initial=0))
+
+        def copy(part: int, parts: int) -> int:
+            """The tensors that start in the part-th of `parts` equal shares of the bytes."""
+            share = [i for i, offset in enumerate(offsets[:-1]) if offset * parts // max(offsets[-1], 1) == part]
+            for i in share:
+                key, tensor, keep = tensors[i]
                 parking.restore(key, tensor, keep=keep)
-            return sum(tensor.nbytes for _, tensor, _ in tensors)
+            return sum(tensors[i][1].nbytes for i in share)
 
         self._optimizer_copy.prepare(copy)
         self._optimizer_on_device = True
