@@ -85,14 +85,15 @@ def test_a_staged_onload_copied_beside_on_a_side_stream_lands_before_the_waiting
     del tensors
     mirror.to_host(list(slots), put)
     side = SideStreamCopy(device="cuda")
-    side.prepare(mirror.stage_on_device(list(slots), put))
+    side.PART_BYTES = 2**20  # several parts
+    side.prepare(mirror.stage_on_device(list(slots), put), sum(e.numel() * e.element_size() for e in expected))
     assert all(t.device.type == "cuda" for t in slots)
     busy = torch.randn(2048, 2048, device="cuda")
     for _ in range(20):  # compute queued after the allocation, beside which the copy runs
         busy = busy @ busy / 2048**0.5
     side.split(3)
     side.advance()
-    side.wait()  # queues the other two parts
+    side.wait()  # queues the other parts
     sums = [t.sum() for t in slots]
     transfer = side.settle()
     assert transfer["beside_compute"] and transfer["bytes"] == sum(e.numel() * e.element_size() for e in expected)

@@ -1,5 +1,5 @@
 """`models/residency.py` on a CPU: a HostMirror moves nothing there, and a SideStreamCopy runs its
-copy's parts as they are queued (not when prepared), each once. The GPU side: tests/gpu/test_host_mirror.py."""
+copy's parts as they are queued (not when prepared), beside the last steps, each once. The GPU side: tests/gpu/test_host_mirror.py."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 from ppo_trainer.models.residency import HostMirror, SideStreamCopy
 
 
-def test_a_side_stream_copy_runs_its_parts_as_queued_each_once_and_settles_to_its_bytes_on_a_cpu():
+def test_a_side_stream_copy_goes_in_parts_beside_the_last_steps_each_once_on_a_cpu():
     runs: list[tuple[int, int]] = []
 
     def copy(part: int, parts: int) -> int:
@@ -16,11 +16,15 @@ def test_a_side_stream_copy_runs_its_parts_as_queued_each_once_and_settles_to_it
         return 8
 
     side = SideStreamCopy(device="cpu")
-    side.prepare(copy)
-    side.split(3)
+    side.PART_BYTES = 10
+    side.prepare(copy, 24)  # three parts of at most 10 bytes
+    side.split(5)  # beside the last three of five steps
     assert runs == []
     side.advance()
-    side.split(5)  # too late: a part is queued
+    side.advance()
+    assert runs == []
+    side.advance()
+    side.split(2)  # too late: a part is queued
     assert runs == [(0, 3)]
     side.wait()  # queues what is left
     side.advance()
@@ -28,7 +32,11 @@ def test_a_side_stream_copy_runs_its_parts_as_queued_each_once_and_settles_to_it
     assert side.settle() == {"direction": "onload", "bytes": 24, "seconds": 0.0, "sync_seconds": 0.0,
                              "beside_compute": True}
     assert side.settle() is None
-    side.prepare(copy)
+    side.prepare(copy, 24)
+    side.split(2)  # never more parts than steps
+    side.wait()
+    assert runs[-2:] == [(0, 2), (1, 2)]
+    side.prepare(copy, 24)
     side.wait()  # one part unless split
     assert runs[-1] == (0, 1)
 

@@ -143,8 +143,8 @@ class TorchBackend:
         self._optimizer_copy.split(len(micro_batches))
         for rows in micro_batches:
             loss, stats = loss_fn(self._outputs(batch, rows, with_entropy=not self.is_value_model), rows)
-            # A share of the optimizer state's copy beside each micro-batch's backward pass, queued
-            # after the micro-batch's own host-to-device copies (the same copy engine).
+            # The optimizer state's copy in parts beside the last micro-batches' backward passes,
+            # each queued after the micro-batch's own host-to-device copies (the same copy engine).
             self._optimizer_copy.advance()
             loss.backward()
             totals["loss"] += float(loss.detach())
@@ -250,7 +250,7 @@ class TorchBackend:
         tensors, setters = self._optimizer_state_tensors()
         copy = self._optimizer_mirror.stage_on_device(tensors, lambda index, moved: setters[index](moved))
         if copy is not None:
-            self._optimizer_copy.prepare(copy)
+            self._optimizer_copy.prepare(copy, sum(t.nbytes for t in tensors))
         self._optimizer_on_device = True
 
     def _weight_tensors(self) -> tuple[list[torch.Tensor], list[Callable[[torch.Tensor], None]]]:

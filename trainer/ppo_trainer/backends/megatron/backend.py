@@ -366,9 +366,9 @@ class MegatronBackend:
             loss, stats = loss_fn(outputs, rows)
             return loss * (micro_batches * data_parallel), {"loss": float(loss.detach()), **stats}
 
-        # A share of the optimizer state's copy beside each micro-batch, queued after its forward
-        # pass and before its outputs' host-to-device copies (the same copy engine), which wait for
-        # it while the forward pass runs.
+        # The optimizer state's copy in parts beside the last micro-batches, each queued after the
+        # micro-batch's forward pass and before its outputs' host-to-device copies (the same copy
+        # engine), which wait for it while the forward pass runs.
         self._optimizer_copy.split(micro_batches)
         parts = self._schedule(batch, micro_batch_size, term, with_entropy=not self.is_value_model,
                                forward_only=False, after_forward=self._optimizer_copy.advance)
@@ -564,7 +564,7 @@ class MegatronBackend:
                 parking.restore(key, tensor, keep=keep)
             return sum(tensors[i][1].nbytes for i in share)
 
-        self._optimizer_copy.prepare(copy)
+        self._optimizer_copy.prepare(copy, offsets[-1])
         self._optimizer_on_device = True
 
     def _optimizer_tensors(self) -> Iterator[torch.Tensor]:
