@@ -146,9 +146,10 @@ def summarize(processes: list[dict], *, ceiling_tflops: float | None, pinned: di
     if generated:
         out["generate_seconds"] = sum(r["seconds"] for r in generated) / steps
         out["generate_tokens_per_s"] = sum(r["tokens"] for r in generated) / sum(r["seconds"] for r in generated)
-        decode = [r["timing"]["decode_seconds"] for r in generated if "decode_seconds" in r.get("timing", {})]
-        if decode:
-            out["decode_seconds"] = sum(decode) / steps
+        for part in ("prefill_seconds", "capture_seconds", "decode_seconds"):  # the engine's own timing
+            seconds = [r["timing"][part] for r in generated if part in r.get("timing", {})]
+            if seconds:
+                out[part] = sum(seconds) / steps
     gathered = [r for r in records if r["method"] == "gather_values"]
     if gathered:
         out["values_handoff_seconds"] = sum(r["seconds"] for r in gathered) / steps
