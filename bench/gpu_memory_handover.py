@@ -1,0 +1,73 @@
+"""A host-to-device copy into device memory that another process has just released.
+
+Roles that take turns on one GPU hand device memory from process to process (the engine sleeps,
+the actor wakes). The driver clears memory a process releases before another may use it; this
+times a pinned copy of `--gb` GB into freshly allocated memory right after another process
+released `--released` GB, after a pause, and after zeroing it first, against the same copy
+into memory already in use (the pinned ceiling). `python3 bench/gpu_memory_handover.py`
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[1] / d) for d in ("trainer", "api")]
+from ppo_trainer.models.residency import pinned_empty
+
+
+def copy_ms(device: torch.Tensor, host: torch.Tensor) -> float:
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    device.copy_(host, non_blocking=True)
+    end.record()
+    end.synchronize()
+    return begin.elapsed_time(end)
+
+
+def release_in_another_process(gb: float) -> None:
+    code = f"import torch; x = torch.ones({int(gb * 1e9)}, dtype=torch.uint8, device='cuda'); torch.cuda.synchronize()"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gb", type=float, default=6.0, help="bytes copied (a 3B model's bf16 weights: 6.2 GB)")
+    parser.add_argument("--released", default="10,40", help="GB the other process allocates and releases")
+    parser.add_argument("--pause", type=float, default=0.5)
+    args = parser.parse_args()
+    size = int(args.gb * 1e9)
+    host = pinned_empty(size, torch.uint8)
+    host.fill_(1)
+    device = torch.empty(size, dtype=torch.uint8, device="cuda")
+    copy_ms(device, host)
+    ceiling = min(copy_ms(device, host) for _ in range(3))
+    del device
+    torch.cuda.empty_cache()
+    print(f"{args.gb:g} GB into memory in use: {ceiling:.1f} ms, {size / ceiling / 1e6:.1f} GB/s", flush=True)
+
+    def case(label: str, released: float, before_copy) -> None:
+        release_in_another_process(released)
+        before_copy()
+        target = torch.empty(size, dtype=torch.uint8, device="cuda")
+        if label == "zeroed first":
+            target.zero_()
+        ms = copy_ms(target, host)
+        print(f"another process released {released:g} GB; {label:<22} {ms:6.1f} ms, {size / ms / 1e6:5.1f} GB/s,"
+              f" {ceiling / ms:4.0%} of the ceiling", flush=True)
+        del target
+        torch.cuda.empty_cache()
+
+    for released in (float(g) for g in args.released.split(",")):
+        case("copied at once", released, lambda: None)
+        case("zeroed first", released, lambda: None)
+        case(f"copied {args.pause:g} s later", released, lambda: time.sleep(args.pause))
+
+
+if __name__ == "__main__":
+    main()
