@@ -51,11 +51,11 @@ def main() -> None:
     torch.cuda.empty_cache()
     print(f"{args.gb:g} GB into memory in use: {ceiling:.1f} ms, {size / ceiling / 1e6:.1f} GB/s", flush=True)
 
-    def case(label: str, released: float, before_copy) -> None:
+    def case(label: str, released: float, *, zero: bool = False, pause: float = 0.0) -> None:
         release_in_another_process(released)
-        before_copy()
+        time.sleep(pause)
         target = torch.empty(size, dtype=torch.uint8, device="cuda")
-        if label == "zeroed first":
+        if zero:
             target.zero_()
         ms = copy_ms(target, host)
         print(f"another process released {released:g} GB; {label:<22} {ms:6.1f} ms, {size / ms / 1e6:5.1f} GB/s,"
@@ -64,10 +64,9 @@ def main() -> None:
         torch.cuda.empty_cache()
 
     for released in (float(g) for g in args.released.split(",")):
-        case("copied at once", released, lambda: None)
-        case("zeroed first", released, lambda: None)
-        case(f"copied {args.pause:g} s later", released, lambda: time.sleep(args.pause))
-
+        case("copied at once", released)
+        case("zeroed first", released, zero=True)
+        case(f"copied {args.pause:g} s later", released, pause=args.pause)
 
 if __name__ == "__main__":
     main()
