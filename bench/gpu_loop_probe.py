@@ -123,12 +123,15 @@ def collect(worker) -> dict:
     return out
 
 
-def summarize(processes: list[dict], *, ceiling_tflops: float | None, pinned: dict | None, steps: int) -> dict:
+def summarize(processes: list[dict], *, ceiling_tflops: float | None, pinned: dict | None, steps: int,
+              sm_clock: list[tuple[float, float]] = ()) -> dict:
     """Per-step figures from every process's records over `steps` steps (the measured ones):
     training passes' share of the bf16 ceiling, generation tokens/s, each transfer's bandwidth
     (bytes over the copy's own device time) against the pinned copy of the same direction, the
     peak device memory each role reached awake, and the bytes each role's measured offloads parked in
-    host memory (a role whose offloads copy nothing, such as the reference after its first, counts none)."""
+    host memory (a role whose offloads copy nothing, such as the reference after its first, counts none).
+    `sm_clock`: (wall time, MHz) samples of the GPU's SM clock; their mean while generating and while
+    in a training pass (a hot or power-capped GPU runs slower clocks)."""
     records = [r for p in processes for r in p["records"]]
     out: dict = {"passes": {}, "transfers": {}, "peak_awake_bytes": {}, "parked_bytes": {}}
     passes = [r for r in records if "flops" in r]
@@ -172,4 +175,14 @@ def summarize(processes: list[dict], *, ceiling_tflops: float | None, pinned: di
         peak["allocated"] = max(peak["allocated"], r["peak_allocated"])
         peak["reserved"] = max(peak["reserved"], r["peak_reserved"])
     out["parked_bytes_total"] = sum(out["parked_bytes"].values())
+    out["sm_clock_mhz"] = {name: mean_during(sm_clock, chosen) for name, chosen in
+                           (("generate", generated), ("training passes", passes))}
     return out
+
+
+def mean_during(samples: list[tuple[float, float]], records: list[dict]) -> float | None:
+    """The mean of the (wall time, value) samples taken inside the records' calls (a record's
+    call ends at its "time" and lasted its "seconds"); None when none falls inside."""
+    inside = [value for at, value in samples
+              if any(r["time"] - r["seconds"] <= at <= r["time"] for r in records)]
+    return sum(inside) / len(inside) if inside else None

@@ -91,8 +91,9 @@ class StepClock(Recorder):
                   flush=True)
 
 
-class MemorySampler:
-    """Every `period` seconds, NVML's device memory in use by each process and in all (peaks kept)."""
+class DeviceSampler:
+    """Every `period` seconds, NVML's device memory in use by each process and in all (peaks kept),
+    and the SM clock (wall time, MHz)."""
 
     def __init__(self, period: float = 0.05) -> None:
         import pynvml
@@ -102,6 +103,8 @@ class MemorySampler:
         self.handle = pynvml.nvmlDeviceGetHandleByIndex(0)
         self.peak_by_pid: dict[int, int] = {}
         self.peak_used = 0
+        self.sm_clock: list[tuple[float, float]] = []
+        self.max_sm_clock = pynvml.nvmlDeviceGetMaxClockInfo(self.handle, pynvml.NVML_CLOCK_SM)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -114,6 +117,7 @@ class MemorySampler:
             for pid, used in self.now().items():
                 self.peak_by_pid[pid] = max(self.peak_by_pid.get(pid, 0), used)
             self.peak_used = max(self.peak_used, int(self.nvml.nvmlDeviceGetMemoryInfo(self.handle).used))
+            self.sm_clock.append((time.time(), self.nvml.nvmlDeviceGetClockInfo(self.handle, self.nvml.NVML_CLOCK_SM)))
 
     def stop(self) -> None:
         self._stop.set()
@@ -179,7 +183,7 @@ def run_loop(backend: str, schedule: str, configs: dict[str, dict], args: argpar
     ray.init(num_gpus=args.gpus + int(shared_gpu), include_dashboard=False, logging_level="WARNING",
              _temp_dir=tempfile.mkdtemp(prefix="ppo-loop-ray-"))
     started = time.perf_counter()
-    sampler = MemorySampler() if args.gpus else None
+    sampler = DeviceSampler() if args.gpus else None
     clock = StepClock()
     try:
         roles = build_roles(spec, compute_layout(spec, use_gpus=args.gpus > 0),
@@ -217,7 +221,8 @@ def run_loop(backend: str, schedule: str, configs: dict[str, dict], args: argpar
     measured = step_list[1:] or step_list
     first_end = clock.step_ends[0] if len(step_list) > 1 else 0.0
     after_first = [p | {"records": [r for r in p["records"] if r["time"] > first_end]} for p in processes]
-    probe = gpu_loop_probe.summarize(after_first, ceiling_tflops=ceiling, pinned=pinned, steps=len(measured))
+    probe = gpu_loop_probe.summarize(after_first, ceiling_tflops=ceiling, pinned=pinned, steps=len(measured),
+                                     sm_clock=sampler.sm_clock if sampler else ())
     roles_memory = {}
     for p, a in zip(processes, asleep):
         entry = roles_memory.setdefault(p["role"], {})
@@ -243,6 +248,7 @@ def run_loop(backend: str, schedule: str, configs: dict[str, dict], args: argpar
         "tokens_per_step": statistics.mean(s["tokens"] for s in measured),
         "probe": probe, "roles": roles_memory, "transition_seconds": transitions,
         "device_peak_used_bytes": sampler.peak_used if sampler else None,
+        "max_sm_clock_mhz": sampler.max_sm_clock if sampler else None,
         "all_asleep_nvml_bytes": sum(nvml_asleep.values()),
     }
 
@@ -300,6 +306,9 @@ def table(results: list[dict], ceiling: float | None, pinned: dict | None) -> st
     row("values handoff s (actor picks its rows)", lambda r: f"{r['probe']['values_handoff_seconds']:.4f}")
     row("generate tokens/s (engine call)", lambda r: f"{r['probe']['generate_tokens_per_s']:,.0f}")
     row("training passes, share of bf16 ceiling", lambda r: f"{r['probe']['training_mfu']:.1%}")
+    row("SM clock MHz: generating, training (max)", lambda r: (
+        f"{r['probe']['sm_clock_mhz']['generate']:.0f}, {r['probe']['sm_clock_mhz']['training passes']:.0f}"
+        f" ({r['max_sm_clock_mhz']})"))
     for name in dict.fromkeys(n for r in results for n in r["probe"]["passes"]):
         row(f"  {name} s / mfu", lambda r, name=name: f"{r['probe']['passes'][name]['seconds']:.2f} / {r['probe']['passes'][name]['mfu']:.0%}")
     for name in dict.fromkeys(n for r in results for n in r["probe"]["transfers"]):

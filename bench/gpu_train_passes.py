@@ -1,8 +1,9 @@
 """The training passes of a PPO step alone, backend by backend and variant by variant, on one GPU.
 
 What `gpu_ppo_step.py` times as "actor log-probs" and "actor train", isolated so that the
-choices behind them can be compared in one run: each backend eager or compiled (`compile`), and
-a larger micro-batch ("mb64", training and no-grad passes). The batch is the step's shape
+choices behind them can be compared in one run: each backend eager or compiled (`compile`), a
+larger micro-batch ("mb64", training and no-grad passes), and the output layer's logits recomputed
+in the backward instead of kept ("recompute"). The batch is the step's shape
 (Qwen2.5-0.5B shape, 256 rows of ~100 prompt + 512 response tokens, random tokens); no rollout.
 Each pass runs twice and the second is timed. `--profile` prints the top CUDA kernels of one
 eager training micro-batch. Writes passes.json into --out.
@@ -35,6 +36,11 @@ VARIANTS = {
     "megatron compiled": {"backend": "Megatron", "compile": True},
     "torch compiled mb64": {"backend": "Torch", "compile": True, "micro_batch_size": 64},
     "megatron compiled mb64": {"backend": "Megatron", "compile": True, "micro_batch_size": 64},
+    # the output layer's logits recomputed in the backward instead of kept (KEPT_LOGITS_SHARE)
+    "torch compiled mb64 recompute": {"backend": "Torch", "compile": True, "micro_batch_size": 64,
+                                      "kept_logits_bytes": 0},
+    "megatron compiled mb64 recompute": {"backend": "Megatron", "compile": True, "micro_batch_size": 64,
+                                         "kept_logits_bytes": 0},
 }
 
 
@@ -54,12 +60,13 @@ def build(variant: dict, model_spec: ModelSpec):
               "device": "cuda", "seed": 1, "dtype": "bfloat16",
               "forward_micro_batch_size": variant.get("micro_batch_size", 32)}
     if variant["backend"] == "Megatron":
-        from ppo_trainer.backends.megatron.backend import MegatronBackend
-
-        return MegatronBackend(**common, compile=variant["compile"])
-    from ppo_trainer.backends.torch_backend import TorchBackend
-
-    return TorchBackend(**common, compile=variant["compile"])
+        from ppo_trainer.backends.megatron.backend import MegatronBackend as Backend
+    else:
+        from ppo_trainer.backends.torch_backend import TorchBackend as Backend
+    backend = Backend(**common, compile=variant["compile"])
+    if "kept_logits_bytes" in variant:
+        backend.kept_logits_bytes = variant["kept_logits_bytes"]
+    return backend
 
 
 def policy_loss_fn(batch):

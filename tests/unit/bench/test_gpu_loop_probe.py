@@ -54,6 +54,16 @@ def test_summarize_per_step_shares_of_the_ceilings():
     assert out["values_handoff_seconds"] == pytest.approx(0.003)
 
 
+def test_summarize_averages_the_sm_clock_inside_generation_and_training_passes():
+    processes = [{"records": [record("rollout", "generate", 2.0, time=12.0, tokens=1000),
+                              record("actor", "train", 3.0, time=20.0, flops=1e12)]}]
+    clock = [(9.0, 1980.0), (10.5, 1700.0), (11.5, 1800.0), (14.0, 1980.0), (17.5, 1900.0), (19.0, 1800.0)]
+    out = gpu_loop_probe.summarize(processes, ceiling_tflops=600.0, pinned=None, steps=1, sm_clock=clock)
+    assert out["sm_clock_mhz"] == {"generate": pytest.approx(1750.0), "training passes": pytest.approx(1850.0)}
+    assert gpu_loop_probe.summarize(processes, ceiling_tflops=600.0, pinned=None, steps=1)["sm_clock_mhz"] == {
+        "generate": None, "training passes": None}
+
+
 def test_installed_probe_times_the_engine_and_returns_its_results_unchanged():
     spec = ModelSpec(path="builtin:tiny", tokenizer="builtin:tiny", dtype="float32")
     engine = TorchRolloutEngine(model_spec=spec, device="cpu", seed=0)

@@ -588,8 +588,9 @@ def test_log_probs_from_logits_shape_mismatch_is_explained():
         log_probs_from_logits(torch.zeros(2, 4, 5), torch.zeros(2, 3, dtype=torch.long))
 
 
+@pytest.mark.parametrize("kept_logits_bytes", [0, 2 * 8 * 50 * 8, 10**9])  # none, two chunks of 8 rows, all
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_chunked_log_probs_and_entropy_match_the_full_logits_values_and_gradients(temperature):
+def test_chunked_log_probs_and_entropy_match_the_full_logits_values_and_gradients(temperature, kept_logits_bytes):
     from ppo_trainer.algorithms.ppo import chunked_log_probs_and_entropy
 
     generator = torch.Generator().manual_seed(0)
@@ -604,7 +605,8 @@ def test_chunked_log_probs_and_entropy_match_the_full_logits_values_and_gradient
     ref_ent = entropy_from_logits(logits[None])[0]
     ref_grads = torch.autograd.grad((ref_lp * a).sum() + (ref_ent * b).sum(), (hidden, weight, bias))
 
-    lp, ent = chunked_log_probs_and_entropy(hidden, weight, tokens, bias=bias, temperature=temperature, chunk_size=8)
+    lp, ent = chunked_log_probs_and_entropy(hidden, weight, tokens, bias=bias, temperature=temperature, chunk_size=8,
+                                            kept_logits_bytes=kept_logits_bytes)
     torch.testing.assert_close(lp, ref_lp)
     torch.testing.assert_close(ent, ref_ent)
     grads = torch.autograd.grad((lp * a).sum() + (ent * b).sum(), (hidden, weight, bias))

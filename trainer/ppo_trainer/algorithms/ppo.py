@@ -251,7 +251,11 @@ def log_probs_from_logits(logits: Tensor, tokens: Tensor) -> Tensor:
 def _head_chunk(
     hidden: Tensor, weight: Tensor, bias: Tensor | None, tokens: Tensor, temperature: float, with_entropy: bool
 ) -> tuple[Tensor, Tensor]:
-    logits = _at_least_float32(torch.nn.functional.linear(hidden, weight, bias))
+    return _log_softmax_chunk(torch.nn.functional.linear(hidden, weight, bias), tokens, temperature, with_entropy)
+
+
+def _log_softmax_chunk(logits: Tensor, tokens: Tensor, temperature: float, with_entropy: bool) -> tuple[Tensor, Tensor]:
+    logits = _at_least_float32(logits)
     if temperature != 1.0:
         logits = logits / temperature
     lse = torch.logsumexp(logits, dim=-1)
@@ -263,8 +267,8 @@ def _head_chunk(
 
 
 @functools.cache
-def _compiled_head_chunk():
-    return torch.compile(_head_chunk, dynamic=True)
+def _compiled(fn):
+    return torch.compile(fn, dynamic=True)
 
 
 def chunked_log_probs_and_entropy(
@@ -277,15 +281,18 @@ def chunked_log_probs_and_entropy(
     with_entropy: bool = True,
     chunk_size: int = 2048,
     compiled: bool = False,
+    kept_logits_bytes: int = 0,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs of ``tokens`` and entropies under an output layer, never holding all the logits.
 
     hidden ``[N, H]``, weight ``[V, H]`` (bias ``[V]``), tokens ``[N]`` -> (``[N]`` log-probs,
     ``[N]`` entropies or None), in at least float32, for ``logits = (hidden @ weight.T + bias) / temperature``:
     the same numbers as ``log_probs_from_logits`` and ``entropy_from_logits`` on those logits (the
-    logits of a finite linear layer: no ``-inf`` entries). Rows go ``chunk_size`` at a time; when
-    gradients are needed each chunk is checkpointed (its logits recomputed in the backward), so
-    at most one chunk's ``[chunk_size, V]`` logits exist at once. ``compiled`` runs each chunk
+    logits of a finite linear layer: no ``-inf`` entries). Rows go ``chunk_size`` at a time. When
+    gradients are needed, the chunks' logits are kept for the backward while they fit in
+    ``kept_logits_bytes`` (in the hidden states' dtype); every later chunk is checkpointed, its
+    logits recomputed in the backward (an extra third of the output layer's matmuls), so beyond
+    the budget at most one chunk's ``[chunk_size, V]`` logits exist at once. ``compiled`` runs each chunk
     through ``torch.compile`` (one fused pass over the logits instead of a kernel per operation;
     the same numbers up to float rounding).
     """
@@ -296,15 +303,22 @@ def chunked_log_probs_and_entropy(
     if not temperature > 0 or chunk_size < 1:
         raise ValueError(f"temperature must be > 0 and chunk_size >= 1; got {temperature} and {chunk_size}")
     track = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
-    head_chunk = _compiled_head_chunk() if compiled else _head_chunk
+    head_chunk = _compiled(_head_chunk) if compiled else _head_chunk
+    log_softmax_chunk = _compiled(_log_softmax_chunk) if compiled else _log_softmax_chunk
     log_probs, entropies = [], []
+    kept = 0
     for start in range(0, hidden.shape[0], chunk_size):
-        args = (hidden[start : start + chunk_size], weight, bias, tokens[start : start + chunk_size],
-                temperature, with_entropy)
-        if track:
-            picked, entropy = torch.utils.checkpoint.checkpoint(head_chunk, *args, use_reentrant=False)
+        rows, chunk_tokens = hidden[start : start + chunk_size], tokens[start : start + chunk_size]
+        logits_bytes = rows.shape[0] * weight.shape[0] * rows.element_size()
+        if track and kept + logits_bytes <= kept_logits_bytes:
+            kept += logits_bytes
+            logits = torch.nn.functional.linear(rows, weight, bias)
+            picked, entropy = log_softmax_chunk(logits, chunk_tokens, temperature, with_entropy)
+        elif track:
+            picked, entropy = torch.utils.checkpoint.checkpoint(
+                head_chunk, rows, weight, bias, chunk_tokens, temperature, with_entropy, use_reentrant=False)
         else:
-            picked, entropy = head_chunk(*args)
+            picked, entropy = head_chunk(rows, weight, bias, chunk_tokens, temperature, with_entropy)
         log_probs.append(picked)
         entropies.append(entropy)
     if not log_probs:

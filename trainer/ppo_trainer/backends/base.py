@@ -33,6 +33,20 @@ COMPILED_WIDTH_MULTIPLE = 64
 """Compiled backends pad rows to widths of a multiple of this: few distinct shapes compile."""
 
 
+KEPT_LOGITS_SHARE = 8
+"""A training pass keeps up to 1/8 of its GPU's memory of output-layer logits for the backward
+instead of recomputing them (`chunked_log_probs_and_entropy`'s `kept_logits_bytes`): 17 GB on an
+H200, where workload A's micro-batch of 64 rows keeps all of its 10 GB."""
+
+
+def kept_logits_bytes(device: torch.device) -> int:
+    """How many bytes of logits a training pass on `device` keeps (KEPT_LOGITS_SHARE); none on a
+    CPU, where the recompute is cheap beside host memory that every process shares."""
+    if device.type != "cuda":
+        return 0
+    return torch.cuda.get_device_properties(device).total_memory // KEPT_LOGITS_SHARE
+
+
 def check_backend_arguments(
     *, role: str, learning_rate: float, max_grad_norm: float, logits_temperature: float, forward_micro_batch_size: int
 ) -> None:

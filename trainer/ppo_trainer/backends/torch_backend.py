@@ -23,7 +23,13 @@ import torch
 import torch.nn.functional as F
 
 from ppo_trainer.algorithms.ppo import chunked_log_probs_and_entropy
-from ppo_trainer.backends.base import COMPILED_WIDTH_MULTIPLE, LossFn, check_backend_arguments, cpu_copy
+from ppo_trainer.backends.base import (
+    COMPILED_WIDTH_MULTIPLE,
+    LossFn,
+    check_backend_arguments,
+    cpu_copy,
+    kept_logits_bytes,
+)
 from ppo_trainer.batch import RolloutBatch
 from ppo_trainer.distributed import all_reduce_sum, sum_gradients
 from ppo_trainer.models.builtin import build_policy, build_value_model, resolve_dtype
@@ -78,6 +84,7 @@ class TorchBackend:
         else:
             self.model = build_policy(model_spec, seed=seed, device=self.device, dtype=self.dtype)
         self.compile = compile
+        self.kept_logits_bytes = kept_logits_bytes(self.device)
         self.width_multiple = COMPILED_WIDTH_MULTIPLE if compile else 1
         if compile:
             for layer in (self.model.trunk if self.is_value_model else self.model.get_decoder()).layers:
@@ -186,6 +193,7 @@ class TorchBackend:
             log_probs, entropy = chunked_log_probs_and_entropy(
                 hidden[real], head.weight, aligned.targets.to(self.device)[real], bias=head.bias,
                 temperature=self.logits_temperature, with_entropy=with_entropy, compiled=self.compile,
+                kept_logits_bytes=self.kept_logits_bytes,
             )
             zeros = torch.zeros(real.shape, dtype=torch.float32, device=self.device)
             outputs = {"log_probs": zeros.masked_scatter(real, log_probs)}

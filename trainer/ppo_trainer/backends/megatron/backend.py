@@ -55,7 +55,13 @@ from megatron.core.transformer.module import Float16Module
 
 from ppo_trainer.algorithms import entropy_from_logits, log_probs_from_logits
 from ppo_trainer.algorithms.ppo import chunked_log_probs_and_entropy
-from ppo_trainer.backends.base import COMPILED_WIDTH_MULTIPLE, LossFn, check_backend_arguments, cpu_copy
+from ppo_trainer.backends.base import (
+    COMPILED_WIDTH_MULTIPLE,
+    LossFn,
+    check_backend_arguments,
+    cpu_copy,
+    kept_logits_bytes,
+)
 from ppo_trainer.backends.megatron import conversion
 from ppo_trainer.backends.megatron.attention import layer_spec
 from ppo_trainer.backends.megatron.config import gpt_model_kwargs, transformer_config_kwargs
@@ -238,6 +244,7 @@ class MegatronBackend:
         self.compile = compile
         ensure_parallel_state(tensor=tensor_parallel, pipeline=pipeline_parallel, seed=seed)
         self.device = torch.device("cuda", torch.cuda.current_device())
+        self.kept_logits_bytes = kept_logits_bytes(self.device)
         self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
         self.tp_size = tensor_parallel
         self.pp_rank, self.pp_size = parallel_state.get_pipeline_model_parallel_rank(), pipeline_parallel
@@ -449,6 +456,7 @@ class MegatronBackend:
             log_probs, entropy = chunked_log_probs_and_entropy(
                 hidden[real], head_weight, targets[real], temperature=self.logits_temperature,
                 with_entropy=with_entropy, compiled=self.compile,
+                kept_logits_bytes=self.kept_logits_bytes,
             )
             zeros = torch.zeros(real.shape, dtype=torch.float32, device=self.device)
             outputs = {"log_probs": zeros.masked_scatter(real, log_probs)}
