@@ -3,8 +3,9 @@
 Roles that take turns on one GPU hand device memory from process to process (the engine sleeps,
 the actor wakes). The driver clears memory a process releases before another may use it; this
 times a pinned copy of `--gb` GB into freshly allocated memory right after another process
-released `--released` GB, after a pause, and after zeroing it first, against the same copy
-into memory already in use (the pinned ceiling). `python3 bench/gpu_memory_handover.py`
+released `--released` GB, after a pause, after zeroing it first, and by the GPU's cores
+(`kernel_copy.copy_from_host`, which the roles' wakes use) instead of the copy engines, against
+the same copy into memory already in use (the pinned ceiling). `python3 bench/gpu_memory_handover.py`
 """
 
 from __future__ import annotations
@@ -18,13 +19,17 @@ from pathlib import Path
 import torch
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1] / d) for d in ("trainer", "api")]
+from ppo_trainer.models.kernel_copy import copy_from_host
 from ppo_trainer.models.residency import pinned_empty
 
 
-def copy_ms(device: torch.Tensor, host: torch.Tensor) -> float:
+def copy_ms(device: torch.Tensor, host: torch.Tensor, *, by_kernel: bool = False) -> float:
     begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     begin.record()
-    device.copy_(host, non_blocking=True)
+    if by_kernel:
+        copy_from_host(device, host)
+    else:
+        device.copy_(host, non_blocking=True)
     end.record()
     end.synchronize()
     return begin.elapsed_time(end)
@@ -47,17 +52,20 @@ def main() -> None:
     device = torch.empty(size, dtype=torch.uint8, device="cuda")
     copy_ms(device, host)
     ceiling = min(copy_ms(device, host) for _ in range(3))
+    copy_ms(device, host, by_kernel=True)
+    by_kernel = min(copy_ms(device, host, by_kernel=True) for _ in range(3))
     del device
     torch.cuda.empty_cache()
-    print(f"{args.gb:g} GB into memory in use: {ceiling:.1f} ms, {size / ceiling / 1e6:.1f} GB/s", flush=True)
+    print(f"{args.gb:g} GB into memory in use: {ceiling:.1f} ms, {size / ceiling / 1e6:.1f} GB/s; by the cores"
+          f" {by_kernel:.1f} ms, {ceiling / by_kernel:.0%} of the ceiling", flush=True)
 
-    def case(label: str, released: float, *, zero: bool = False, pause: float = 0.0) -> None:
+    def case(label: str, released: float, *, zero: bool = False, pause: float = 0.0, kernel: bool = False) -> None:
         release_in_another_process(released)
         time.sleep(pause)
         target = torch.empty(size, dtype=torch.uint8, device="cuda")
         if zero:
             target.zero_()
-        ms = copy_ms(target, host)
+        ms = copy_ms(target, host, by_kernel=kernel)
         print(f"another process released {released:g} GB; {label:<22} {ms:6.1f} ms, {size / ms / 1e6:5.1f} GB/s,"
               f" {ceiling / ms:4.0%} of the ceiling", flush=True)
         del target
@@ -67,6 +75,7 @@ def main() -> None:
         case("copied at once", released)
         case("zeroed first", released, zero=True)
         case(f"copied {args.pause:g} s later", released, pause=args.pause)
+        case("copied by the cores", released, kernel=True)
 
 if __name__ == "__main__":
     main()

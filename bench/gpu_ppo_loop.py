@@ -283,7 +283,7 @@ def table(results: list[dict], ceiling: float | None, pinned: dict | None) -> st
                      f"{pinned['to_host']:.1f} GB/s to host")
     heads = [f"{r['model']} {r['backend']}{' ' + r['schedule'] if r['schedule'] != 'Synchronous' else ''}"
              f"{' restart' if r.get('restarted') else ''}" for r in results]
-    width = max(24, *(len(h) + 2 for h in heads))
+    width = max([24, *(len(h) + 2 for h in heads)])
     lines.append(f"{'(per step, steps 2..)':44}" + "".join(f"{h:>{width}}" for h in heads))
 
     def row(label: str, cell) -> None:

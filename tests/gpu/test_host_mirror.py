@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ppo_trainer.models.residency import HostMirror
+from ppo_trainer.models.residency import HostMirror, pinned_empty
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -99,3 +99,20 @@ def test_a_staged_onload_copied_beside_on_a_side_stream_lands_before_the_waiting
     assert transfer["beside_compute"] and transfer["bytes"] == sum(e.numel() * e.element_size() for e in expected)
     for s, e in zip(sums, expected, strict=True):
         torch.testing.assert_close(s.cpu(), e.sum())
+
+
+@pytest.mark.parametrize("size", [8, 4096 * 8 * 3 + 5, 3])
+def test_the_kernel_copy_brings_every_byte_aligned_or_not(size):
+    """The kernel copies the 8-byte words, `Tensor.copy_` a shorter tail or unaligned tensors."""
+    from ppo_trainer.models.kernel_copy import copy_from_host
+
+    host = pinned_empty(size + 1, torch.uint8)
+    host.copy_(torch.randint(0, 256, (size + 1,), dtype=torch.uint8))
+    for offset in (0, 1):  # aligned, then one byte off
+        target = torch.zeros(size + 1, dtype=torch.uint8, device="cuda")
+        copy_from_host(target[offset:], host[offset:])
+        torch.cuda.synchronize()
+        assert torch.equal(target[offset:].cpu(), host[offset:])
+        assert int(target[:offset].sum()) == 0
+    with pytest.raises(ValueError, match="same bytes"):
+        copy_from_host(torch.zeros(4, device="cuda"), host[:3])

@@ -17,6 +17,7 @@ import torch.utils.checkpoint
 from torch import Tensor
 
 from ppo_trainer.algorithms.aggregation import TOKEN_MEAN, BatchCounts, aggregate_loss, batch_counts
+from ppo_trainer.algorithms.log_softmax_kernel import fused_log_softmax
 
 __all__ = [
     "LOG_RATIO_BOUND",
@@ -248,12 +249,6 @@ def log_probs_from_logits(logits: Tensor, tokens: Tensor) -> Tensor:
     return picked - torch.logsumexp(logits, dim=-1)
 
 
-def _head_chunk(
-    hidden: Tensor, weight: Tensor, bias: Tensor | None, tokens: Tensor, temperature: float, with_entropy: bool
-) -> tuple[Tensor, Tensor]:
-    return _log_softmax_chunk(torch.nn.functional.linear(hidden, weight, bias), tokens, temperature, with_entropy)
-
-
 def _log_softmax_chunk(logits: Tensor, tokens: Tensor, temperature: float, with_entropy: bool) -> tuple[Tensor, Tensor]:
     logits = _at_least_float32(logits)
     if temperature != 1.0:
@@ -292,9 +287,10 @@ def chunked_log_probs_and_entropy(
     gradients are needed, the chunks' logits are kept for the backward while they fit in
     ``kept_logits_bytes`` (in the hidden states' dtype); every later chunk is checkpointed, its
     logits recomputed in the backward (an extra third of the output layer's matmuls), so beyond
-    the budget at most one chunk's ``[chunk_size, V]`` logits exist at once. ``compiled`` runs each chunk
-    through ``torch.compile`` (one fused pass over the logits instead of a kernel per operation;
-    the same numbers up to float rounding).
+    the budget at most one chunk's ``[chunk_size, V]`` logits exist at once. On a GPU each chunk's
+    log-softmax, log-probs and entropies take one read of its logits (and their gradient one more:
+    `log_softmax_kernel.py`); on a CPU ``compiled`` runs them through ``torch.compile`` (one fused
+    pass instead of a kernel per operation). Both give the same numbers up to float rounding.
     """
     if hidden.dim() != 2 or tokens.shape != hidden.shape[:1]:
         raise ValueError(
@@ -303,22 +299,25 @@ def chunked_log_probs_and_entropy(
     if not temperature > 0 or chunk_size < 1:
         raise ValueError(f"temperature must be > 0 and chunk_size >= 1; got {temperature} and {chunk_size}")
     track = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
-    head_chunk = _compiled(_head_chunk) if compiled else _head_chunk
-    log_softmax_chunk = _compiled(_log_softmax_chunk) if compiled else _log_softmax_chunk
+    if hidden.is_cuda:
+        log_softmax_chunk = fused_log_softmax
+    else:
+        log_softmax_chunk = _compiled(_log_softmax_chunk) if compiled else _log_softmax_chunk
+
+    def head_chunk(rows: Tensor, chunk_tokens: Tensor) -> tuple[Tensor, Tensor]:
+        logits = torch.nn.functional.linear(rows, weight, bias)
+        return log_softmax_chunk(logits, chunk_tokens, temperature, with_entropy)
+
     log_probs, entropies = [], []
     kept = 0
     for start in range(0, hidden.shape[0], chunk_size):
         rows, chunk_tokens = hidden[start : start + chunk_size], tokens[start : start + chunk_size]
         logits_bytes = rows.shape[0] * weight.shape[0] * rows.element_size()
-        if track and kept + logits_bytes <= kept_logits_bytes:
-            kept += logits_bytes
-            logits = torch.nn.functional.linear(rows, weight, bias)
-            picked, entropy = log_softmax_chunk(logits, chunk_tokens, temperature, with_entropy)
-        elif track:
-            picked, entropy = torch.utils.checkpoint.checkpoint(
-                head_chunk, rows, weight, bias, chunk_tokens, temperature, with_entropy, use_reentrant=False)
+        if track and kept + logits_bytes > kept_logits_bytes:
+            picked, entropy = torch.utils.checkpoint.checkpoint(head_chunk, rows, chunk_tokens, use_reentrant=False)
         else:
-            picked, entropy = head_chunk(rows, weight, bias, chunk_tokens, temperature, with_entropy)
+            kept += logits_bytes if track else 0
+            picked, entropy = head_chunk(rows, chunk_tokens)
         log_probs.append(picked)
         entropies.append(entropy)
     if not log_probs:

@@ -187,11 +187,11 @@ class TorchBackend:
             # Hidden states of the positions that predict real response tokens only; the output
             # layer, log-softmax and entropy run over them in chunks (no [b, T, V] logits).
             hidden = self.model.get_decoder()(input_ids=input_ids, use_cache=False).last_hidden_state
-            hidden = hidden.gather(1, at[:, :, None].expand(-1, -1, hidden.shape[-1]))
+            hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, aligned.real_outputs().to(self.device))
             real = aligned.real.to(self.device)
             head = self.model.get_output_embeddings()
             log_probs, entropy = chunked_log_probs_and_entropy(
-                hidden[real], head.weight, aligned.targets.to(self.device)[real], bias=head.bias,
+                hidden, head.weight, aligned.targets[aligned.real].to(self.device), bias=head.bias,
                 temperature=self.logits_temperature, with_entropy=with_entropy, compiled=self.compile,
                 kept_logits_bytes=self.kept_logits_bytes,
             )

@@ -4,7 +4,8 @@ Offload (training backends) and sleep (rollout engines) both park tensors in hos
 bring them back. A `HostMirror` packs the caller's device tensors into ONE pinned buffer
 (allocated once per layout and reused, since pinning costs far more than copying) and hands
 back views into it; bringing them back allocates one device buffer, copies the whole pinned
-buffer in one transfer, and hands back views into that. While the tensors are still those
+buffer in one transfer (by a kernel on the GPU's cores: `kernel_copy.py` says why), and hands back
+views into that. While the tensors are still those
 views, the next offload is again one copy. The copies themselves are timed with device events
 ("seconds"); waiting for them and releasing the freed device memory are timed apart
 ("sync_seconds"). On a CPU device the host copy is the tensor itself and nothing moves.
@@ -19,6 +20,8 @@ import weakref
 from collections.abc import Callable
 
 import torch
+
+from ppo_trainer.models.kernel_copy import copy_from_host
 
 ALIGNMENT = 512
 """Byte alignment of each tensor inside the flat buffers (vectorised kernels want 16 or more)."""
@@ -122,7 +125,7 @@ class HostMirror:
             return
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         begin.record()
-        copy(0, 1)
+        copy(0, 1, by_kernel=True)
         end.record()
         self._finish(direction, begin, end, started, 1, release=False)
 
@@ -130,7 +133,8 @@ class HostMirror:
         """`to_device` in two parts: the device views are put in place now, their values arrive
         when the returned function runs (`copy(part, parts)` queues that share of the one buffer's
         copy on the current stream and returns its bytes; `SideStreamCopy` runs it beside other
-        work). None when nothing is parked."""
+        work; `by_kernel=True` copies by `kernel_copy.copy_from_host`, for a copy that nothing runs
+        beside). None when nothing is parked."""
         host = self._host
         moving = [] if self.device.type == "cpu" or host is None else [
             i for i, t in enumerate(tensors)
@@ -145,9 +149,12 @@ class HostMirror:
         self._device_flat = flat
         size = sum(_nbytes(e) for e in self._layout)
 
-        def copy(part: int, parts: int) -> int:
+        def copy(part: int, parts: int, *, by_kernel: bool = False) -> int:
             low, high = host.numel() * part // parts, host.numel() * (part + 1) // parts
-            flat[low:high].copy_(host[low:high], non_blocking=True)
+            if by_kernel:
+                copy_from_host(flat[low:high], host[low:high])
+            else:
+                flat[low:high].copy_(host[low:high], non_blocking=True)
             return size * (part + 1) // parts - size * part // parts
 
         return copy

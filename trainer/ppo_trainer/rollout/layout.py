@@ -130,6 +130,12 @@ class AlignedRows:
     def kept(self) -> int:
         return int(self.targets.shape[1])
 
+    def real_outputs(self) -> torch.Tensor:
+        """[n] int64: for each real response token (row by row), the row of the model's outputs
+        flattened to [b * W] that predicts it; one `index_select` picks them all."""
+        flat = torch.arange(self.input_ids.shape[0])[:, None] * self.input_ids.shape[1] + self.predict_at
+        return flat[self.real]
+
 
 def aligned_rows(batch: RolloutBatch, rows: torch.Tensor, *, width_multiple: int = 1) -> AlignedRows:
     """Rows `rows` of `batch`, each row's real tokens moved to start at column 0.

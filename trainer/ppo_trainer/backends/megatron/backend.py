@@ -75,6 +75,7 @@ from ppo_trainer.distributed import (
     repoint_process_groups,
 )
 from ppo_trainer.models.builtin import builtin_config, resolve_dtype, resolve_model_dir
+from ppo_trainer.models.kernel_copy import copy_from_host
 from ppo_trainer.models.residency import SideStreamCopy, pinned_empty
 from ppo_trainer.rollout.layout import aligned_rows
 from ppojob_api.spec import ModelSpec
@@ -193,9 +194,13 @@ class _Parking:
     def allocate(self, key: object, tensor: torch.Tensor) -> None:
         tensor.untyped_storage().resize_(self.sizes[key])
 
-    def restore(self, key: object, tensor: torch.Tensor, *, keep: bool = True) -> None:
-        """Refill a tensor that `allocate` gave its storage back."""
-        if keep:
+    def restore(self, key: object, tensor: torch.Tensor, *, keep: bool = True, by_kernel: bool = False) -> None:
+        """Refill a tensor that `allocate` gave its storage back; `by_kernel` copies by
+        `kernel_copy.copy_from_host`, for a copy that nothing runs beside (a wake)."""
+        if keep and by_kernel:
+            copy_from_host(tensor, self.host[key])
+            self.bytes += tensor.nbytes
+        elif keep:
             tensor.copy_(self.host[key], non_blocking=True)
             self.bytes += tensor.nbytes
         else:
@@ -451,10 +456,10 @@ class MegatronBackend:
             outputs = {"values": output.squeeze(-1).gather(1, at).float()}
         elif head_weight is not None:
             # The output layer, log-softmax and entropy only on positions of real response tokens.
-            hidden = output.gather(1, at[:, :, None].expand(-1, -1, output.shape[-1]))
+            hidden = output.reshape(-1, output.shape[-1]).index_select(0, aligned.real_outputs().to(self.device))
             real = aligned.real.to(self.device)
             log_probs, entropy = chunked_log_probs_and_entropy(
-                hidden[real], head_weight, targets[real], temperature=self.logits_temperature,
+                hidden, head_weight, aligned.targets[aligned.real].to(self.device), temperature=self.logits_temperature,
                 with_entropy=with_entropy, compiled=self.compile,
                 kept_logits_bytes=self.kept_logits_bytes,
             )
@@ -530,7 +535,7 @@ class MegatronBackend:
                     parking.allocate(key, tensor)
                 begin.record()
                 for key, tensor, keep in self._weights:
-                    parking.restore(key, tensor, keep=keep)
+                    parking.restore(key, tensor, keep=keep, by_kernel=True)
             end.record()
         end.synchronize()
         self._changed = False
