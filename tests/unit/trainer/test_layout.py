@@ -42,3 +42,12 @@ def test_responses_are_cut_to_the_longest_among_the_rows_and_widths_round_up():
 def test_width_multiple_must_be_positive():
     with pytest.raises(ValueError, match="width_multiple must be >= 1"):
         aligned_rows(batch(), torch.arange(2), width_multiple=0)
+
+
+def test_real_outputs_pick_what_gathering_at_predict_at_and_masking_picks():
+    aligned = aligned_rows(batch(), torch.arange(2), width_multiple=8)
+    outputs = torch.randn(*aligned.input_ids.shape, 3)  # [b, W, H], a model's per-column outputs
+    gathered = outputs.gather(1, aligned.predict_at[:, :, None].expand(-1, -1, 3))[aligned.real]
+    picked = outputs.reshape(-1, 3).index_select(0, aligned.real_outputs())
+    assert len(picked) == int(aligned.real.sum()) > 0
+    assert torch.equal(picked, gathered)
