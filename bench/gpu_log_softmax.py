@@ -50,11 +50,11 @@ def main() -> None:
                      ("eager", _log_softmax_chunk)):
         x = logits.detach().requires_grad_()
 
-        def forward():
+        def forward(fn=fn):
             with torch.no_grad():
                 fn(logits, tokens, 1.0, True)
 
-        def both():
+        def both(fn=fn, x=x):
             picked, entropy = fn(x, tokens, 1.0, True)
             torch.autograd.backward((picked, entropy), tuple(gradient))
             x.grad = None  # as a training pass's chunk: its gradient goes on to the output layer, not summed here

@@ -49,6 +49,6 @@ def test_the_fused_kernels_give_the_formulas_values_and_gradient():
     env = {**os.environ, "TRITON_INTERPRET": "1",
            "PYTHONPATH": os.pathsep.join(str(root / d) for d in ("trainer", "api", "tests/unit/trainer"))}
     run = subprocess.run([sys.executable, "-c", "import test_log_softmax_kernel as t; t.check_every_case()"],
-                         env=env, capture_output=True, text=True, timeout=300)
+                         check=False, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stdout.count(": ok") == 8, run.stdout
