@@ -3,7 +3,8 @@
 Builds the engine (`rollout/torch_engine.py`) on a random Qwen2.5 checkpoint of the chosen shape,
 times a whole `generate` (256 prompts of ~100 tokens, 512 new tokens; its decode loop is one
 captured CUDA graph a step) three ways: the decoding layer and the sampling compiled (the
-engine's default on a GPU), only the sampling compiled, neither; then profiles decoding steps
+engine's default on a GPU), only the sampling compiled, neither; then the default with other
+spans of the cache attended a step (`--span-steps`); then profiles decoding steps
 with torch.profiler (the same kernels, without the graph) and prints the kernels by device time,
 and times the step's parts on their own at the step's shapes: the attention of one layer, the
 output layer, the sampling. The figures say which part to make faster; nothing here changes the
@@ -33,6 +34,7 @@ from gpu_workloads import EOS, MODELS
 from ppo_trainer.rollout.base import SamplingParams
 from ppo_trainer.rollout.layout import left_pad, position_ids
 from ppo_trainer.rollout.torch_engine import (
+    SPAN_STEP,
     StaticKVDecoder,
     TorchRolloutEngine,
     attention_inputs,
@@ -148,7 +150,7 @@ def profile_steps(engine: TorchRolloutEngine, prompts: list[list[int]], steps: i
 
         def step():
             nonlocal token
-            logits = decoder.step(token, position, slot)
+            logits = decoder.step(token, position, slot, columns=decoder.valid.shape[1])
             token, _ = sample(logits, temperature=1.0, top_p=1.0, uniform=uniform)
             position.add_(1)
             slot.add_(1)
@@ -170,6 +172,8 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=256)
     parser.add_argument("--max-new-tokens", type=int, default=512)
     parser.add_argument("--profile-steps", type=int, default=20)
+    parser.add_argument("--span-steps", type=lambda text: [int(n) for n in text.split(",")], default=[32, 128, 4096],
+                        help="other cache spans to time the default engine with (4096: one span, the whole cache)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     directory = Path(tempfile.mkdtemp(prefix="decode-")) / args.model
@@ -193,11 +197,25 @@ def main() -> None:
             columns = generation.response_tokens.shape[1]
             runs.append(timing | {"compiled": compiled, "warm_up_seconds": warm_up, "tokens": tokens, "columns": columns,
                                   "decode_ms_per_step": timing["decode_seconds"] * 1e3 / max(columns - 1, 1),
-                                  "tokens_per_s": tokens / sum(timing.values())})
+                                  "tokens_per_s": tokens / (timing["prefill_seconds"] + timing["decode_seconds"])})
             print(json.dumps(runs[-1]), flush=True)
     same = (outputs["layer and sampling"].response_tokens == outputs["nothing"].response_tokens).float().mean().item()
     print(f"compiled and eager decoding: {same:.2%} of token positions equal (a row that diverges differs after)")
     engine = engines["layer and sampling"]
+    spans = []
+    for span_step in args.span_steps:  # the default engine attending over other spans of the cache
+        engine.span_step = span_step
+        engine.generate(prompts, params)  # warm-up
+        for _ in range(2):
+            generation = engine.generate(prompts, params)
+            timing, columns = dict(engine.last_timing), generation.response_tokens.shape[1]
+            spans.append(timing | {"span_step": span_step, "tokens_per_s": int(generation.response_mask.sum()) / (
+                timing["prefill_seconds"] + timing["decode_seconds"]),
+                "decode_ms_per_step": timing["decode_seconds"] * 1e3 / max(columns - 1, 1)})
+            print(json.dumps(spans[-1]), flush=True)
+        same_span = (generation.response_tokens == outputs["layer and sampling"].response_tokens).float().mean().item()
+        print(f"span step {span_step} against the default's: {same_span:.2%} of token positions equal")
+    engine.span_step = SPAN_STEP
     width = max(len(p) for p in prompts)
     measured = {filled: parts(engine, args.prompts, width + args.max_new_tokens, filled)
                 for filled in (width + 64, width + args.max_new_tokens)}
@@ -209,7 +227,7 @@ def main() -> None:
     print(f"\nkernels over {args.profile_steps} decoding steps (compiled sampling, no graph):\n{table}")
     (args.out / "profile.txt").write_text(table)
     (args.out / "decode.json").write_text(json.dumps({"args": vars(args) | {"out": str(args.out)}, "runs": runs,
-                                                      "same_tokens": same, "parts_ms": measured}, indent=1))
+                                                      "same_tokens": same, "spans": spans, "parts_ms": measured}, indent=1))
 
 
 if __name__ == "__main__":

@@ -149,7 +149,7 @@ def summarize(processes: list[dict], *, ceiling_tflops: float | None, pinned: di
     if generated:
         out["generate_seconds"] = sum(r["seconds"] for r in generated) / steps
         out["generate_tokens_per_s"] = sum(r["tokens"] for r in generated) / sum(r["seconds"] for r in generated)
-        for part in ("prefill_seconds", "capture_seconds", "decode_seconds"):  # the engine's own timing
+        for part in ("prefill_seconds", "decode_seconds", "graphs_captured"):  # the engine's own timing
             seconds = [r["timing"][part] for r in generated if part in r.get("timing", {})]
             if seconds:
                 out[part] = sum(seconds) / steps

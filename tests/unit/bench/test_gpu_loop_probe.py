@@ -29,7 +29,7 @@ def test_summarize_per_step_shares_of_the_ceilings():
             record("actor", "offload", 0.6, bytes=20e9, copy_seconds=0.3),
         ]},
         {"records": [record("rollout", "generate", 2.0, tokens=100_000,
-                            timing={"prefill_seconds": 0.2, "capture_seconds": 0.04, "decode_seconds": 1.5}),
+                            timing={"prefill_seconds": 0.2, "decode_seconds": 1.5, "graphs_captured": 8}),
                      record("rollout", "generate", 2.0, tokens=60_000,
                             timing={"prefill_seconds": 0.1, "decode_seconds": 1.5}),
                      record("rollout", "sleep", 0.1, bytes=0, copy_seconds=0.0)]},
@@ -43,7 +43,7 @@ def test_summarize_per_step_shares_of_the_ceilings():
     assert out["generate_tokens_per_s"] == pytest.approx(40_000)
     assert out["decode_seconds"] == pytest.approx(1.5)
     assert out["prefill_seconds"] == pytest.approx(0.15)  # the engine's parts, per step
-    assert out["capture_seconds"] == pytest.approx(0.02)
+    assert out["graphs_captured"] == pytest.approx(4)
     assert out["transfers"]["actor onload"]["gb_per_s"] == pytest.approx(50.0)
     assert out["transfers"]["actor onload"]["share_of_pinned"] == pytest.approx(1.0)
     assert out["transfers"]["actor offload"]["gb_per_s"] == pytest.approx(40e9 / 0.8 / 1e9)

@@ -69,7 +69,9 @@ def test_static_decoder_prefill_and_step_match_the_hugging_face_forward_on_qwen2
     decoder = StaticKVDecoder(model, batch=len(PROMPTS), capacity=ids.shape[1] + 3)
     with torch.no_grad():
         prefill = decoder.prefill(ids, mask, position_ids(mask))
-        step = decoder.step(following, position_ids(mask)[:, -1] + 1, torch.tensor([ids.shape[1]]))
+        # The step attends over the filled columns only, short of the cache's capacity.
+        step = decoder.step(following, position_ids(mask)[:, -1] + 1, torch.tensor([ids.shape[1]]),
+                            columns=ids.shape[1] + 1)
         full_mask = torch.cat([mask, torch.ones(len(PROMPTS), 1, dtype=torch.long)], dim=1)
         reference = model(
             input_ids=torch.cat([ids, following[:, None]], dim=1),
@@ -78,6 +80,20 @@ def test_static_decoder_prefill_and_step_match_the_hugging_face_forward_on_qwen2
         ).logits
     torch.testing.assert_close(prefill, reference[:, -2], atol=1e-4, rtol=0)
     torch.testing.assert_close(step, reference[:, -1], atol=1e-4, rtol=0)
+
+
+def test_attending_over_spans_of_the_cache_changes_no_token_or_log_prob():
+    params = SamplingParams(max_new_tokens=20, temperature=1.0, seed=5)
+    whole = make_engine(seed=3, eos_token_id=-1, span_step=4096).generate(PROMPTS, params)
+    for span_step in (1, 3, 8):
+        spans = make_engine(seed=3, eos_token_id=-1, span_step=span_step).generate(PROMPTS, params)
+        assert torch.equal(spans.response_tokens, whole.response_tokens)
+        torch.testing.assert_close(spans.log_probs, whole.log_probs, atol=1e-5, rtol=0)
+
+
+def test_span_step_below_one_is_rejected_by_name():
+    with pytest.raises(ValueError, match="span_step must be >= 1"):
+        make_engine(span_step=0)
 
 
 # --- greedy and sampling -----------------------------------------------------------------------
@@ -288,17 +304,21 @@ def test_sleep_moves_weights_to_pinned_host_memory_on_cuda():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_graph_decoding_equals_eager_decoding():
     params = SamplingParams(max_new_tokens=40, temperature=1.0, seed=3)
-    graphs = make_engine(device="cuda", eos_token_id=-1).generate(PROMPTS, params)
-    eager = make_engine(device="cuda", eos_token_id=-1, cuda_graphs=False).generate(PROMPTS, params)
-    assert torch.equal(graphs.response_tokens, eager.response_tokens)
-    torch.testing.assert_close(graphs.log_probs, eager.log_probs, atol=1e-5, rtol=0)
+    for span_step in (64, 8):  # one graph; a graph per 8 cache columns, sharing their memory
+        engine = make_engine(device="cuda", eos_token_id=-1, span_step=span_step)
+        graphs = engine.generate(PROMPTS, params)
+        # Spans of 8 past 7 prompt columns: 16, 24, 32, 40 and 47 (column 8's one step runs eagerly).
+        assert engine.last_timing["graphs_captured"] == (1 if span_step == 64 else 5)
+        eager = make_engine(device="cuda", eos_token_id=-1, cuda_graphs=False).generate(PROMPTS, params)
+        assert torch.equal(graphs.response_tokens, eager.response_tokens)
+        torch.testing.assert_close(graphs.log_probs, eager.log_probs, atol=1e-5, rtol=0)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_compiled_decoding_draws_the_eager_tokens_and_the_trainers_log_probs():
     params = SamplingParams(max_new_tokens=40, temperature=1.0, seed=3)
-    compiled = make_engine(device="cuda", eos_token_id=-1, compiled=True)
+    compiled = make_engine(device="cuda", eos_token_id=-1, compiled=True, span_step=8)
     fused = compiled.generate(PROMPTS, params)
     eager = make_engine(device="cuda", eos_token_id=-1, compiled=False).generate(PROMPTS, params)
     assert torch.equal(fused.response_tokens, eager.response_tokens)
@@ -306,7 +326,7 @@ def test_compiled_decoding_draws_the_eager_tokens_and_the_trainers_log_probs():
     batch = build_rollout_batch(PROMPTS, fused, [0.0] * len(PROMPTS), PAD)
     recomputed = make_backend(device="cuda", compile=False).forward(batch)["log_probs"].cpu()
     torch.testing.assert_close(recomputed, batch.rollout_log_probs, atol=1e-4, rtol=0)
-    # Longer prompts: another cache capacity, which recompiles the decoding layer with it dynamic.
+    # Longer prompts: another cache capacity and other spans.
     longer = [prompt + [3, 4, 5] for prompt in PROMPTS]
     eager = make_engine(device="cuda", eos_token_id=-1, compiled=False).generate(longer, params)
     fused = compiled.generate(longer, params)

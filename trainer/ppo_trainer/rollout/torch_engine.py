@@ -3,20 +3,24 @@
 It owns its decode loop and its attention (`StaticKVDecoder`). The key/value cache is allocated
 once per call for prompt + max_new_tokens positions, the prompts are prefilled in one pass, and
 every decoding step has fixed shapes (one token per row; keys masked by a validity map that the
-step itself extends). The step and the sampling that follows it advance their own state on the
-device (cache slot, positions, output column, finished rows), so on a CUDA device the whole
-step, sampling included, is captured once per call and replayed as one CUDA graph. The forward
-reuses the Hugging Face modules' weights (projections, norms, MLP, rotary embedding), so weight
-updates in place reach the graph. Sampling is temperature and top-p by inverse CDF over uniforms
-drawn up front from a per-call seeded generator; the host asks whether every row has finished
-only every FINISH_CHECK_EVERY steps. Reported log-probs are those of the sampled tokens under the
-temperature-scaled float32 logits, before top-p filtering: log_softmax(logits / temperature);
-with temperature 0 (greedy) under the unscaled logits. A trainer recomputes the same numbers
-with TorchBackend(logits_temperature=temperature). Must not depend on Ray or the PPO loop.
+step itself extends). A step attends over the cache's first columns only, as many as it has
+filled rounded up to a multiple of `span_step`, so that reading the cache costs what the rows
+hold rather than what they may come to hold. The step and the sampling that follows it advance
+their own state on the device (cache slot, positions, output column, finished rows), so on a
+CUDA device the whole step, sampling included, is captured once per span and replayed as one
+CUDA graph. The forward reuses the Hugging Face modules' weights (projections, norms, MLP, rotary
+embedding), so weight updates in place reach the graphs. Sampling is temperature and top-p by
+inverse CDF over uniforms drawn up front from a per-call seeded generator; the host asks whether
+every row has finished only every FINISH_CHECK_EVERY steps. Reported log-probs are those of the
+sampled tokens under the temperature-scaled float32 logits, before top-p filtering:
+log_softmax(logits / temperature); with temperature 0 (greedy) under the unscaled logits. A
+trainer recomputes the same numbers with TorchBackend(logits_temperature=temperature). Must not
+depend on Ray or the PPO loop.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
@@ -34,6 +38,10 @@ from ppojob_api.spec import ModelSpec
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 FINISH_CHECK_EVERY = 32
 """Steps between two host checks of "every row finished" (each check waits for the device)."""
+SPAN_STEP = 64
+"""Cache columns a decoding step attends over come in multiples of this many: each multiple is
+one CUDA graph to capture (a few milliseconds), and the columns past the filled ones are read
+for nothing (on average half of it a step)."""
 
 
 def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -180,8 +188,9 @@ class StaticKVDecoder:
     """A Llama/Qwen2 forward over a preallocated KV cache for `batch` rows and `capacity` positions.
 
     `prefill` runs the left-padded prompts (columns 0..P-1 of the cache); `step` runs one token
-    per row into the cache column `slot`, each layer through `step_layer` (`decode_layer`, or the
-    engine's compiled copy of it: one graph serves every layer). Attention is one
+    per row into the cache column `slot`, attending over the first `columns` columns, each layer
+    through `step_layer` (`decode_layer`, or the engine's compiled copy of it: one graph serves
+    every layer). Attention is one
     `scaled_dot_product_attention` with grouped-query heads (`enable_gqa`; on an H200 a third
     faster than stacking each key/value head's query heads) and the validity of keys as an
     additive bias built once per pass; masked keys get the dtype's lowest value rather than
@@ -230,16 +239,17 @@ class StaticKVDecoder:
 
         return self._forward(ids, positions, layer)
 
-    def step(self, token: torch.Tensor, position: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
-        """[B] tokens at [B] positions, written to cache column `slot` ([1] int64, on the device)
-        -> [B, V] logits. Fixed shapes and no host reads: safe to capture in a graph."""
+    def step(self, token: torch.Tensor, position: torch.Tensor, slot: torch.Tensor, *, columns: int) -> torch.Tensor:
+        """[B] tokens at [B] positions, written to cache column `slot` ([1] int64, on the device,
+        below `columns`), attending over the cache's first `columns` columns -> [B, V] logits.
+        Fixed shapes and no host reads: safe to capture in a graph."""
         self.valid.index_fill_(1, slot, True)
-        bias = self._bias(self.valid[:, None, :])  # [B, 1 query, capacity]
+        bias = self._bias(self.valid[:, None, :columns])  # [B, 1 query, columns]
 
         def layer(index: int, x: torch.Tensor, w: LayerWeights, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-            return self.step_layer(x, w, cos, sin, self.keys[index], self.values[index], slot, bias, eps=self.eps,
-                                   heads=self.heads, kv_heads=self.kv_heads, scaling=self.scaling,
-                                   activation=self.activation)
+            return self.step_layer(x, w, cos, sin, self.keys[index][:, :, :columns],
+                                   self.values[index][:, :, :columns], slot, bias, eps=self.eps, heads=self.heads,
+                                   kv_heads=self.kv_heads, scaling=self.scaling, activation=self.activation)
 
         return self._forward(token[:, None], position[:, None], layer)
 
@@ -261,34 +271,41 @@ class StaticKVDecoder:
         return self.model.lm_head(rms_norm(x[:, -1], inner.norm.weight, self.eps))
 
 
-def capture_step(step: Callable[[], None]) -> Callable[[], None]:
-    """Run `step` once eagerly (on a side stream: it initialises the libraries' workspaces and
-    counts as a real step), then capture it in a CUDA graph and return the graph's replay.
+def capture_step(step: Callable[[], None], pool: tuple | None = None) -> torch.cuda.CUDAGraph:
+    """Run `step` once eagerly (it initialises the libraries' workspaces for its shapes and counts
+    as a real step), then capture it in a CUDA graph, its temporaries in memory `pool` (a graph's
+    `pool()`: graphs replayed one after another share it), and return the graph.
 
-    `step` must read and write only fixed buffers and advance its own state on the device.
+    Both on a side stream and without `torch.cuda.graph`'s synchronize and cache release: the
+    device goes on with the steps queued before while the host captures. `step` must read and
+    write only fixed buffers and advance its own state on the device.
     """
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(side):
         step()
+        graph.capture_begin(pool=pool)
+        try:
+            step()
+        finally:
+            graph.capture_end()
     torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    return graph.replay
+    return graph
 
 
 class TorchRolloutEngine:
     """A RolloutEngine over `build_policy(model_spec, seed=seed)`, awake after construction.
 
     EOS and PAD ids come from the model's tokenizer unless given. `cuda_graphs` (default: on for
-    CUDA devices) captures the decoding step once per `generate` call; `compiled` (default: on
-    for CUDA devices) runs the sampling and the decoding step's layers through torch.compile,
-    which fuses the sampling's passes over the vocabulary (on an H200, 0.22 instead of 0.59 ms a
-    step for 256 rows of 151,936 logits; the same draw up to rounding of the running sums) and a
-    layer's norms, rotary embedding and residuals; the first call compiles them, into the
-    process's compile cache. `last_timing` holds the seconds of the last call's prefill, capture
-    and decode loop.
+    CUDA devices) captures the decoding step once per span of `span_step` cache columns in a
+    `generate` call; `compiled` (default: on for CUDA devices) runs the sampling and the decoding
+    step's layers through torch.compile, which fuses the sampling's passes over the vocabulary
+    (on an H200, 0.22 instead of 0.59 ms a step for 256 rows of 151,936 logits; the same draw up
+    to rounding of the running sums) and a layer's norms, rotary embedding and residuals; the
+    first call compiles them, into the process's compile cache. `last_timing` holds the seconds
+    of the last call's prefill and decode loop (its captures included) and the number of graphs
+    it captured.
     """
 
     def __init__(
@@ -302,6 +319,7 @@ class TorchRolloutEngine:
         pad_token_id: int | None = None,
         cuda_graphs: bool | None = None,
         compiled: bool | None = None,
+        span_step: int = SPAN_STEP,
     ):
         self.device = torch.device(device)
         self.model = build_policy(model_spec, seed=seed, device=self.device, dtype=dtype)
@@ -317,12 +335,15 @@ class TorchRolloutEngine:
             pad_token_id = tokenizer.pad_token_id if pad_token_id is None else pad_token_id
         self.eos_token_id = int(eos_token_id)
         self.pad_token_id = int(pad_token_id)
+        if span_step < 1:
+            raise ValueError(f"span_step must be >= 1 cache column, got {span_step}")
+        self.span_step = span_step
         self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
         if self.cuda_graphs and self.device.type != "cuda":
             raise ValueError(f"cuda_graphs needs a CUDA device; this engine runs on {self.device}")
         compiled = self.device.type == "cuda" if compiled is None else compiled
         self.sample = torch.compile(sample_tokens, dynamic=False) if compiled else sample_tokens
-        # One graph for every layer; a second cache capacity recompiles it once, with that size dynamic.
+        # One graph for every layer; a second span of the cache recompiles it once, with the span dynamic.
         self.step_layer = torch.compile(decode_layer) if compiled else decode_layer
         # Parameters by every name they answer to (tied weights answer to two).
         self._weights = self.model.state_dict(keep_vars=True)
@@ -375,9 +396,9 @@ class TorchRolloutEngine:
             finished.logical_or_(drawn == self.eos_token_id)
             token.copy_(drawn)
 
-        def advance() -> None:
+        def advance(columns: int) -> None:
             """One decoding step: the last sampled token into the cache, the next one sampled."""
-            logits = decoder.step(token, position, slot)
+            logits = decoder.step(token, position, slot, columns=columns)
             position.add_(1)
             slot.add_(1)
             column.add_(1)
@@ -385,17 +406,24 @@ class TorchRolloutEngine:
 
         record(decoder.prefill(ids, mask, positions))
         timing = {"prefill_seconds": clock.lap()}
-        graphs = self.cuda_graphs and steps > 2
-        run = capture_step(advance) if graphs else advance
-        timing["capture_seconds"] = clock.lap()
-        for step in range(2 if graphs else 1, steps):  # the capture's eager run was step 1
+        graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        for step in range(1, steps):  # step s writes cache column width + s - 1
             if step % FINISH_CHECK_EVERY == 0 and bool(finished.all()):
                 break
-            run()
+            columns = min(width + steps, -(-(width + step) // self.span_step) * self.span_step)
+            if not self.cuda_graphs:
+                advance(columns)
+            elif columns in graphs:
+                graphs[columns].replay()
+            elif min(columns - width, steps - 1) == step:  # the span's only step: not worth a graph
+                advance(columns)
+            else:  # the capture's eager run is this step
+                pool = next(iter(graphs.values())).pool() if graphs else None
+                graphs[columns] = capture_step(functools.partial(advance, columns), pool)
         # Columns past the last one any row was alive in are padding for every row.
         length = int(alive.any(dim=0).nonzero().max()) + 1
         timing["decode_seconds"] = clock.lap()
-        self.last_timing = timing
+        self.last_timing = timing | {"graphs_captured": len(graphs)}
         return Generation(
             response_tokens=tokens[:, :length].cpu(),
             response_mask=alive[:, :length].cpu(),
