@@ -45,6 +45,16 @@ from ppo_trainer.rollout.torch_engine import (
 from ppojob_api.spec import ModelSpec
 
 
+def timed_call(engine: TorchRolloutEngine, generation) -> dict:
+    """The engine's timing of its last `generate` call, with its tokens, a decoding step's
+    milliseconds and the call's generated tokens a second."""
+    timing = dict(engine.last_timing)
+    tokens, columns = int(generation.response_mask.sum()), generation.response_tokens.shape[1]
+    return timing | {"tokens": tokens, "columns": columns,
+                     "decode_ms_per_step": timing["decode_seconds"] * 1e3 / max(columns - 1, 1),
+                     "tokens_per_s": tokens / (timing["prefill_seconds"] + timing["decode_seconds"])}
+
+
 def device_ms(fn, repeats: int = 50) -> float:
     """Median device milliseconds of `fn()` over `repeats` calls (after 3 warm-up calls)."""
     for _ in range(3):
@@ -192,12 +202,7 @@ def main() -> None:
         warm_up = time.perf_counter() - started
         for _ in range(2):
             generation = outputs[compiled] = engine.generate(prompts, params)
-            timing = dict(engine.last_timing)
-            tokens = int(generation.response_mask.sum())
-            columns = generation.response_tokens.shape[1]
-            runs.append(timing | {"compiled": compiled, "warm_up_seconds": warm_up, "tokens": tokens, "columns": columns,
-                                  "decode_ms_per_step": timing["decode_seconds"] * 1e3 / max(columns - 1, 1),
-                                  "tokens_per_s": tokens / (timing["prefill_seconds"] + timing["decode_seconds"])})
+            runs.append(timed_call(engine, generation) | {"compiled": compiled, "warm_up_seconds": warm_up})
             print(json.dumps(runs[-1]), flush=True)
     same = (outputs["layer and sampling"].response_tokens == outputs["nothing"].response_tokens).float().mean().item()
     print(f"compiled and eager decoding: {same:.2%} of token positions equal (a row that diverges differs after)")
@@ -208,10 +213,7 @@ def main() -> None:
         engine.generate(prompts, params)  # warm-up
         for _ in range(2):
             generation = engine.generate(prompts, params)
-            timing, columns = dict(engine.last_timing), generation.response_tokens.shape[1]
-            spans.append(timing | {"span_step": span_step, "tokens_per_s": int(generation.response_mask.sum()) / (
-                timing["prefill_seconds"] + timing["decode_seconds"]),
-                "decode_ms_per_step": timing["decode_seconds"] * 1e3 / max(columns - 1, 1)})
+            spans.append(timed_call(engine, generation) | {"span_step": span_step})
             print(json.dumps(spans[-1]), flush=True)
         same_span = (generation.response_tokens == outputs["layer and sampling"].response_tokens).float().mean().item()
         print(f"span step {span_step} against the default's: {same_span:.2%} of token positions equal")

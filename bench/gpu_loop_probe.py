@@ -150,9 +150,9 @@ def summarize(processes: list[dict], *, ceiling_tflops: float | None, pinned: di
         out["generate_seconds"] = sum(r["seconds"] for r in generated) / steps
         out["generate_tokens_per_s"] = sum(r["tokens"] for r in generated) / sum(r["seconds"] for r in generated)
         for part in ("prefill_seconds", "decode_seconds", "graphs_captured"):  # the engine's own timing
-            seconds = [r["timing"][part] for r in generated if part in r.get("timing", {})]
-            if seconds:
-                out[part] = sum(seconds) / steps
+            values = [r["timing"][part] for r in generated if part in r.get("timing", {})]
+            if values:
+                out[part] = sum(values) / steps
     gathered = [r for r in records if r["method"] == "gather_values"]
     if gathered:
         out["values_handoff_seconds"] = sum(r["seconds"] for r in gathered) / steps
