@@ -61,6 +61,8 @@ def install(worker, configs: dict[str, dict], weights_group_backend: str | None 
             transfer = getattr(target, "last_transfer", None)
             if method in TRANSFERS and transfer is not None and transfer is not before:  # a no-op moved nothing
                 record |= {"bytes": transfer["bytes"], "copy_seconds": transfer["seconds"]}
+                if method in WAKING:
+                    record["path"] = transfer.get("path")
             if method == "train" and transfer is not before and (transfer or {}).get("beside_compute"):
                 records.append({"role": role, "method": "optimizer_onload", "seconds": transfer["seconds"],
                                 "time": time.time(), "bytes": transfer["bytes"], "copy_seconds": transfer["seconds"]})
@@ -127,7 +129,8 @@ def summarize(processes: list[dict], *, ceiling_tflops: float | None, pinned: di
               sm_clock: list[tuple[float, float]] = ()) -> dict:
     """Per-step figures from every process's records over `steps` steps (the measured ones):
     training passes' share of the bf16 ceiling, generation tokens/s, each transfer's bandwidth
-    (bytes over the copy's own device time) against the pinned copy of the same direction, the
+    (bytes over the copy's own device time) against the pinned copy of the same direction (a wake's
+    apart by the path it took: "actor onload by cores", "actor onload by engines"), the
     peak device memory each role reached awake, and the bytes each role's measured offloads parked in
     host memory (a role whose offloads copy nothing, such as the reference after its first, counts none).
     `sm_clock`: (wall time, MHz) samples of the GPU's SM clock; their mean while generating and while
@@ -157,7 +160,8 @@ def summarize(processes: list[dict], *, ceiling_tflops: float | None, pinned: di
     if gathered:
         out["values_handoff_seconds"] = sum(r["seconds"] for r in gathered) / steps
     for r in (r for r in records if "bytes" in r and r["bytes"] > 0):
-        entry = out["transfers"].setdefault(f"{r['role']} {r['method']}",
+        name = f"{r['role']} {r['method']}" + (f" by {r['path']}" if r.get("path") else "")
+        entry = out["transfers"].setdefault(name,
                                             {"bytes": r["bytes"], "seconds": 0.0, "copy_seconds": 0.0, "calls": 0})
         entry["seconds"] += r["seconds"]
         entry["copy_seconds"] += r["copy_seconds"]
@@ -169,7 +173,7 @@ def summarize(processes: list[dict], *, ceiling_tflops: float | None, pinned: di
         entry["gb_per_s"] = moved / entry["copy_seconds"] / 1e9 if entry["copy_seconds"] > 0 else 0.0
         entry["whole_call_gb_per_s"] = moved / entry["seconds"] / 1e9
         if pinned:
-            entry["share_of_pinned"] = entry["gb_per_s"] / pinned[TRANSFERS[name.split()[-1]]]
+            entry["share_of_pinned"] = entry["gb_per_s"] / pinned[TRANSFERS[name.split()[1]]]
     for r in (r for r in records if "peak_reserved" in r):
         peak = out["peak_awake_bytes"].setdefault(r["role"], {"allocated": 0, "reserved": 0})
         peak["allocated"] = max(peak["allocated"], r["peak_allocated"])

@@ -4,7 +4,7 @@ Roles that take turns on one GPU hand device memory from process to process (the
 the actor wakes). The driver clears memory a process releases before another may use it; this
 times a pinned copy of `--gb` GB into freshly allocated memory right after another process
 released `--released` GB, after a pause, after zeroing it first, and by the GPU's cores
-(`kernel_copy.copy_from_host`, which the roles' wakes use) instead of the copy engines, against
+(`kernel_copy.copy_from_host`, one of the roles' wakes' two paths) instead of the copy engines, against
 the same copy into memory already in use (the pinned ceiling). `python3 bench/gpu_memory_handover.py`
 """
 

@@ -116,3 +116,28 @@ def test_the_kernel_copy_brings_every_byte_aligned_or_not(size):
         assert int(target[:offset].sum()) == 0
     with pytest.raises(ValueError, match="same bytes"):
         copy_from_host(torch.zeros(4, device="cuda"), host[:3])
+
+
+def test_wakes_by_either_path_bring_the_same_bytes_and_follow_the_faster():
+    """The first wake goes by the cores, the second by the copy engines, both exact; the third
+    takes whichever the two timed faster."""
+    from ppo_trainer.models.kernel_copy import WakeCopyPath
+
+    mirror = HostMirror(device="cuda")
+    slots = [torch.randint(-2**62, 2**62, (WakeCopyPath.MIN_BYTES // 8 + 3,), device="cuda"),
+             torch.randn(1001, device="cuda")]
+    expected = [t.cpu() for t in slots]
+
+    def put(index: int, moved: torch.Tensor) -> None:
+        slots[index] = moved
+
+    rates = {}
+    for _ in range(3):
+        mirror.to_host(list(slots), put)
+        mirror.to_device(list(slots), put)
+        transfer = mirror.last_transfer
+        rates.setdefault(transfer["path"], transfer["bytes"] / transfer["seconds"])
+        for t, e in zip(slots, expected, strict=True):
+            assert torch.equal(t.cpu(), e)
+    assert list(rates) == ["cores", "engines"]
+    assert transfer["path"] == max(rates, key=rates.get)

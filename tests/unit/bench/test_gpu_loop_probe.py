@@ -21,11 +21,13 @@ def test_summarize_per_step_shares_of_the_ceilings():
         {"records": [
             record("actor", "forward", 1.0, flops=300e12),
             record("actor", "train", 3.0, flops=900e12),
-            record("actor", "onload", 0.5, bytes=20e9, copy_seconds=0.4, peak_allocated=60e9, peak_reserved=62e9),
+            record("actor", "onload", 0.5, bytes=20e9, copy_seconds=0.4, path="cores", peak_allocated=60e9,
+                   peak_reserved=62e9),
             record("actor", "offload", 0.6, bytes=20e9, copy_seconds=0.5),
             record("actor", "forward", 1.0, flops=300e12),
             record("actor", "train", 3.0, flops=900e12),
-            record("actor", "onload", 0.5, bytes=20e9, copy_seconds=0.4, peak_allocated=61e9, peak_reserved=63e9),
+            record("actor", "onload", 0.5, bytes=20e9, copy_seconds=0.8, path="engines", peak_allocated=61e9,
+                   peak_reserved=63e9),
             record("actor", "offload", 0.6, bytes=20e9, copy_seconds=0.3),
         ]},
         {"records": [record("rollout", "generate", 2.0, tokens=100_000,
@@ -44,8 +46,9 @@ def test_summarize_per_step_shares_of_the_ceilings():
     assert out["decode_seconds"] == pytest.approx(1.5)
     assert out["prefill_seconds"] == pytest.approx(0.15)  # the engine's parts, per step
     assert out["graphs_captured"] == pytest.approx(4)
-    assert out["transfers"]["actor onload"]["gb_per_s"] == pytest.approx(50.0)
-    assert out["transfers"]["actor onload"]["share_of_pinned"] == pytest.approx(1.0)
+    assert out["transfers"]["actor onload by cores"]["gb_per_s"] == pytest.approx(50.0)  # a wake's, by its path
+    assert out["transfers"]["actor onload by cores"]["share_of_pinned"] == pytest.approx(1.0)
+    assert out["transfers"]["actor onload by engines"]["share_of_pinned"] == pytest.approx(0.5)
     assert out["transfers"]["actor offload"]["gb_per_s"] == pytest.approx(40e9 / 0.8 / 1e9)
     assert "rollout sleep" not in out["transfers"]  # a no-op moved nothing
     assert out["peak_awake_bytes"]["actor"] == {"allocated": 61e9, "reserved": 63e9}

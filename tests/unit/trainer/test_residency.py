@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from ppo_trainer.models.kernel_copy import WakeCopyPath, path_name
 from ppo_trainer.models.residency import HostMirror, SideStreamCopy
 
 
@@ -30,7 +31,7 @@ def test_a_side_stream_copy_goes_in_parts_beside_the_last_steps_each_once_on_a_c
     side.advance()
     assert runs == [(0, 3), (1, 3), (2, 3)]
     assert side.settle() == {"direction": "onload", "bytes": 24, "seconds": 0.0, "sync_seconds": 0.0,
-                             "beside_compute": True}
+                             "path": "engines", "beside_compute": True}
     assert side.settle() is None
     side.prepare(copy, 24)
     side.split(2)  # never more parts than steps
@@ -49,3 +50,25 @@ def test_a_host_mirror_on_a_cpu_leaves_the_tensors_where_they_are():
     assert mirror.stage_on_device(tensors, lambda index, moved: None) is None
     mirror.to_device(tensors, lambda index, moved: None)
     assert mirror.last_transfer["bytes"] == 0 and torch.equal(tensors[0], torch.ones(3))
+
+
+def test_a_wake_goes_by_the_cores_then_the_engines_then_the_faster_and_rechecks_the_other():
+    path, big = WakeCopyPath(), WakeCopyPath.MIN_BYTES
+    chosen = []
+    for kernel_seconds, engine_seconds in [(2.0, 1.0)] * 20:
+        by_kernel = path.by_kernel()
+        chosen.append(path_name(by_kernel))
+        path.observe(by_kernel, big, kernel_seconds if by_kernel else engine_seconds)
+    assert chosen[:3] == ["cores", "engines", "engines"]
+    rechecks = [i for i, name in enumerate(chosen) if name == "cores"]
+    assert rechecks == [0, WakeCopyPath.RECHECK]  # the engines stayed faster
+    path.observe(True, big, 0.5)  # the cores got faster: the next wake follows them
+    assert path.by_kernel()
+
+
+def test_a_small_wake_teaches_the_path_nothing():
+    path = WakeCopyPath()
+    path.observe(True, WakeCopyPath.MIN_BYTES - 1, 1e-6)
+    assert path.by_kernel()  # the cores are still untried
+    path.observe(True, WakeCopyPath.MIN_BYTES, 1.0)
+    assert not path.by_kernel()

@@ -247,8 +247,8 @@ class TorchBackend:
                                    direction=direction, unchanged=not self._changed)
                     records.append(mirror.last_transfer)
                 self._optimizer_on_device = False
-                self.last_transfer = {key: sum(r[key] for r in records) if key != "direction" else direction
-                                      for key in records[0]}
+                self.last_transfer = {key: direction if key == "direction" else None if key == "path"
+                                      else sum(r[key] for r in records) for key in records[0]}
         self._changed = False
 
     def _prepare_optimizer_state(self) -> None:

@@ -8,6 +8,8 @@ pinned bandwidth right after another process released 40 GB, 88% after 10 GB
 (`bench/gpu_memory_handover.py`). This kernel reads the host memory itself at about 90% of the
 pinned bandwidth (49.3 against 55.1 GB/s on an H100), released memory or not. It occupies the cores,
 so it is for copies that nothing else waits beside (a role's wake), not for copies beside compute.
+Not on every host: on another H100 host the same kernel read at 45-47% of the pinned bandwidth, so
+`WakeCopyPath` picks the path by the process's own wakes.
 """
 
 from __future__ import annotations
@@ -52,3 +54,38 @@ def copy_from_host(target: torch.Tensor, source: torch.Tensor) -> None:
                                           flat_target[: words * 8].view(torch.int64), words, block=BLOCK)
     if words * 8 < target.nbytes:
         flat_target[words * 8 :].copy_(flat_source[words * 8 :], non_blocking=True)
+
+
+class WakeCopyPath:
+    """Which path a wake's host-to-device copy takes, learnt from one mover's own wakes: the GPU's
+    cores (`copy_from_host`) or its copy engines (`Tensor.copy_`).
+
+    The first wake goes by the cores, the second by the copy engines; each later wake takes the
+    path whose latest copy ran faster, and every `RECHECK`-th wake the other one, so that a change
+    of conditions is seen. A wake of fewer than `MIN_BYTES` teaches nothing (its rate is mostly
+    launch latency)."""
+
+    RECHECK = 16
+    MIN_BYTES = 1 << 26
+
+    def __init__(self) -> None:
+        self._rates: dict[bool, float] = {}
+        self._wakes = 0
+
+    def by_kernel(self) -> bool:
+        """The next wake's path: True for the cores, False for the copy engines."""
+        if len(self._rates) < 2:
+            return True not in self._rates
+        faster = self._rates[True] >= self._rates[False]
+        return faster != (self._wakes % self.RECHECK == 0)
+
+    def observe(self, by_kernel: bool, nbytes: int, seconds: float) -> None:
+        """A wake's copy of `nbytes` by that path took `seconds` on the device."""
+        if nbytes >= self.MIN_BYTES and seconds > 0:
+            self._rates[by_kernel] = nbytes / seconds
+            self._wakes += 1
+
+
+def path_name(by_kernel: bool) -> str:
+    """How transfer records name a path."""
+    return "cores" if by_kernel else "engines"

@@ -4,9 +4,9 @@ Offload (training backends) and sleep (rollout engines) both park tensors in hos
 bring them back. A `HostMirror` packs the caller's device tensors into ONE pinned buffer
 (allocated once per layout and reused, since pinning costs far more than copying) and hands
 back views into it; bringing them back allocates one device buffer, copies the whole pinned
-buffer in one transfer (by a kernel on the GPU's cores: `kernel_copy.py` says why), and hands back
-views into that. While the tensors are still those
-views, the next offload is again one copy. The copies themselves are timed with device events
+buffer in one transfer (by a kernel on the GPU's cores or by its copy engines, whichever this
+mirror's wakes found faster: `kernel_copy.py` says why), and hands back views into that. While
+the tensors are still those views, the next offload is again one copy. The copies themselves are timed with device events
 ("seconds"); waiting for them and releasing the freed device memory are timed apart
 ("sync_seconds"). On a CPU device the host copy is the tensor itself and nothing moves.
 A `SideStreamCopy` queues copies on a stream of their own, so that compute runs beside them.
@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import torch
 
-from ppo_trainer.models.kernel_copy import copy_from_host
+from ppo_trainer.models.kernel_copy import WakeCopyPath, copy_from_host, path_name
 
 ALIGNMENT = 512
 """Byte alignment of each tensor inside the flat buffers (vectorised kernels want 16 or more)."""
@@ -62,7 +62,8 @@ class HostMirror:
     `to_host(tensors, put)` and `to_device(tensors, put)` call `put(index, moved)` for each
     tensor that moves (the caller swaps it in, dropping its reference to the old one, before the
     freed device memory is released); `last_transfer` describes the latest call: {"direction", "bytes", "seconds" (the copy on the
-    device), "sync_seconds" (waiting for it and releasing device memory), "copies"}.
+    device), "sync_seconds" (waiting for it and releasing device memory), "copies", "path" (of a
+    copy to the device: "cores" or "engines", `WakeCopyPath`'s choice)}.
     """
 
     def __init__(self, *, device: str | torch.device):
@@ -70,7 +71,9 @@ class HostMirror:
         self._host: torch.Tensor | None = None
         self._layout: list[tuple[int, torch.Size, torch.dtype]] = []
         self._device_flat: torch.Tensor | None = None
-        self.last_transfer: dict = {"direction": None, "bytes": 0, "seconds": 0.0, "sync_seconds": 0.0, "copies": 0}
+        self.wake_path = WakeCopyPath()
+        self.last_transfer: dict = {"direction": None, "bytes": 0, "seconds": 0.0, "sync_seconds": 0.0, "copies": 0,
+                                    "path": None}
 
     def to_host(self, tensors: list[torch.Tensor], put: Put, *, direction: str = "offload",
                 unchanged: bool = False) -> None:
@@ -124,10 +127,12 @@ class HostMirror:
             self._record(direction, 0, 0.0, 0.0, 0)
             return
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        by_kernel = self.wake_path.by_kernel()
         begin.record()
-        copy(0, 1, by_kernel=True)
+        copy(0, 1, by_kernel=by_kernel)
         end.record()
-        self._finish(direction, begin, end, started, 1, release=False)
+        self._finish(direction, begin, end, started, 1, release=False, path=path_name(by_kernel))
+        self.wake_path.observe(by_kernel, self.last_transfer["bytes"], self.last_transfer["seconds"])
 
     def stage_on_device(self, tensors: list[torch.Tensor], put: Put) -> Callable[[int, int], int] | None:
         """`to_device` in two parts: the device views are put in place now, their values arrive
@@ -172,18 +177,20 @@ class HostMirror:
         return flat[offset : offset + _nbytes(entry)].view(dtype).view(shape)
 
     def _finish(self, direction: str, begin, end, started: float, copies: int, *, release: bool,
-                moved: bool = True) -> None:
+                moved: bool = True, path: str | None = None) -> None:
         end.synchronize()
         if release:
             torch.cuda.empty_cache()
         copy_seconds = begin.elapsed_time(end) / 1e3
         total = time.perf_counter() - started
         size = sum(_nbytes(e) for e in self._layout) if moved else 0
-        self._record(direction, size, copy_seconds, max(0.0, total - copy_seconds), copies)
+        self._record(direction, size, copy_seconds, max(0.0, total - copy_seconds), copies, path)
 
-    def _record(self, direction: str, size: int, seconds: float, sync_seconds: float, copies: int) -> None:
+    def _record(self, direction: str, size: int, seconds: float, sync_seconds: float, copies: int,
+                path: str | None = None) -> None:
         self.last_transfer = {
             "direction": direction, "bytes": size, "seconds": seconds, "sync_seconds": sync_seconds, "copies": copies,
+            "path": path,
         }
 
 
@@ -288,4 +295,5 @@ class SideStreamCopy:
             if events is not None:
                 events[1].synchronize()
                 seconds += events[0].elapsed_time(events[1]) / 1e3
-        return {"direction": "onload", "bytes": size, "seconds": seconds, "sync_seconds": 0.0, "beside_compute": True}
+        return {"direction": "onload", "bytes": size, "seconds": seconds, "sync_seconds": 0.0, "path": "engines",
+                "beside_compute": True}

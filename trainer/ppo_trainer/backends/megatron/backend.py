@@ -75,7 +75,7 @@ from ppo_trainer.distributed import (
     repoint_process_groups,
 )
 from ppo_trainer.models.builtin import builtin_config, resolve_dtype, resolve_model_dir
-from ppo_trainer.models.kernel_copy import copy_from_host
+from ppo_trainer.models.kernel_copy import WakeCopyPath, copy_from_host, path_name
 from ppo_trainer.models.residency import SideStreamCopy, pinned_empty
 from ppo_trainer.rollout.layout import aligned_rows
 from ppojob_api.spec import ModelSpec
@@ -179,6 +179,7 @@ class _Parking:
         self.host: dict[object, torch.Tensor] = {}
         self.sizes: dict[object, int] = {}
         self.bytes = 0
+        self.wake_path = WakeCopyPath()
 
     def park(self, key: object, tensor: torch.Tensor, *, keep: bool = True) -> None:
         if keep:
@@ -196,7 +197,7 @@ class _Parking:
 
     def restore(self, key: object, tensor: torch.Tensor, *, keep: bool = True, by_kernel: bool = False) -> None:
         """Refill a tensor that `allocate` gave its storage back; `by_kernel` copies by
-        `kernel_copy.copy_from_host`, for a copy that nothing runs beside (a wake)."""
+        `kernel_copy.copy_from_host` (a path for a copy that nothing runs beside: a wake)."""
         if keep and by_kernel:
             copy_from_host(tensor, self.host[key])
             self.bytes += tensor.nbytes
@@ -296,7 +297,7 @@ class MegatronBackend:
         self.offloaded = False
         self._changed = True  # since the last onload: the host copies are stale (none exists yet)
         self._held_groups: dict[int, GroupKey] = {}
-        self.last_transfer: dict = {"direction": None, "bytes": 0, "seconds": 0.0, "sync_seconds": 0.0}
+        self.last_transfer: dict = {"direction": None, "bytes": 0, "seconds": 0.0, "sync_seconds": 0.0, "path": None}
         self._parking = _Parking()
         self._weights: list[tuple[object, torch.Tensor, bool]] = []
         self._optimizer_state: list[tuple[object, torch.Tensor, bool]] = []
@@ -515,6 +516,7 @@ class MegatronBackend:
         and freeing device memory, waiting, emptying the cache) is "sync_seconds"."""
         parking, started = self._parking, time.perf_counter()
         parking.bytes = 0
+        by_kernel = direction == "onload" and parking.wake_path.by_kernel()
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         with torch.no_grad():
             if direction == "offload":
@@ -535,7 +537,7 @@ class MegatronBackend:
                     parking.allocate(key, tensor)
                 begin.record()
                 for key, tensor, keep in self._weights:
-                    parking.restore(key, tensor, keep=keep, by_kernel=True)
+                    parking.restore(key, tensor, keep=keep, by_kernel=by_kernel)
             end.record()
         end.synchronize()
         self._changed = False
@@ -545,7 +547,10 @@ class MegatronBackend:
         self.last_transfer = {
             "direction": direction, "bytes": parking.bytes, "seconds": copy_seconds,
             "sync_seconds": max(0.0, time.perf_counter() - started - copy_seconds),
+            "path": path_name(by_kernel) if direction == "onload" else None,
         }
+        if direction == "onload":
+            parking.wake_path.observe(by_kernel, parking.bytes, copy_seconds)
 
     def _weight_tensors(self) -> list[tuple[object, torch.Tensor, bool]]:
         """(key, tensor, keep its values) for the parameters and gradients offload moves; gradient
