@@ -139,5 +139,6 @@ def test_wakes_by_either_path_bring_the_same_bytes_and_follow_the_faster():
         rates.setdefault(transfer["path"], transfer["bytes"] / transfer["seconds"])
         for t, e in zip(slots, expected, strict=True):
             assert torch.equal(t.cpu(), e)
+    print("wakes GB/s by path:", {path: round(rate / 1e9, 1) for path, rate in rates.items()})
     assert list(rates) == ["cores", "engines"]
     assert transfer["path"] == max(rates, key=rates.get)
