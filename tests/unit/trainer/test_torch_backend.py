@@ -46,7 +46,7 @@ SAMPLE_TOKENS = sample_batch().num_response_tokens
 def nll_loss(output, rows):
     """A loss term of `sample_batch()` (`LossFn`): the micro-batch's token sum over the batch's tokens."""
     loss = -output["log_probs"].sum() / SAMPLE_TOKENS
-    return loss, {"entropy": output["entropy"].sum().item() / SAMPLE_TOKENS}
+    return loss, {"entropy": output["entropy"].detach().sum() / SAMPLE_TOKENS}
 
 
 # --- forward -----------------------------------------------------------------------------------

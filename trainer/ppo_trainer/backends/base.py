@@ -23,8 +23,10 @@ from ppo_trainer.batch import RolloutBatch
 # backend sums the terms' gradients over its micro-batches and over the ranks, so the update is
 # the same for any micro-batch size and rank count.
 # model_output lives on the backend's device (cuda on GPUs) while the batch stays on CPU: a
-# loss_fn moves what it reads from the batch to `model_output[...].device`.
-LossFn = Callable[[dict[str, torch.Tensor], torch.Tensor], tuple[torch.Tensor, dict[str, float]]]
+# loss_fn moves what it reads from the batch to `model_output[...].device`. The stats are 0-dim
+# tensors beside the loss: a backend sums them there and reads them once, after the last
+# micro-batch (reading one per micro-batch would wait for the GPU each time).
+LossFn = Callable[[dict[str, torch.Tensor], torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
 ROLES = ("actor", "critic", "ref")
@@ -62,6 +64,29 @@ def check_backend_arguments(
         raise ValueError(f"logits_temperature must be > 0 (use 1.0 for greedy rollouts), got {logits_temperature}")
     if forward_micro_batch_size < 1:
         raise ValueError(f"forward_micro_batch_size must be >= 1, got {forward_micro_batch_size}")
+
+
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A CPU `tensor` on `device`. To a GPU from pinned memory without waiting: a blocking copy waits
+    for the device's queued work, and the GPU then idles while the host catches up."""
+    if device.type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
+def add_stats(totals: dict[str, torch.Tensor], stats: dict[str, torch.Tensor]) -> None:
+    """Adds a micro-batch's loss and stats (`LossFn`) into `totals`, in float64 where they are."""
+    for key, value in stats.items():
+        value = value.detach().to(torch.float64)
+        totals[key] = totals[key] + value if key in totals else value
+
+
+def stacked_stats(totals: dict[str, torch.Tensor], device: torch.device) -> tuple[list[str], torch.Tensor]:
+    """`totals`' keys, sorted, and their values in one float64 tensor on `device` (to reduce and read once)."""
+    keys = sorted(totals)
+    if not keys:
+        return keys, torch.zeros(0, dtype=torch.float64, device=device)
+    return keys, torch.stack([totals[key] for key in keys]).to(device)
 
 
 def cpu_copy(tree: Any) -> Any:

@@ -26,9 +26,12 @@ from ppo_trainer.algorithms.ppo import chunked_log_probs_and_entropy
 from ppo_trainer.backends.base import (
     COMPILED_WIDTH_MULTIPLE,
     LossFn,
+    add_stats,
     check_backend_arguments,
     cpu_copy,
     kept_logits_bytes,
+    stacked_stats,
+    to_device,
 )
 from ppo_trainer.batch import RolloutBatch
 from ppo_trainer.distributed import all_reduce_sum, sum_gradients
@@ -122,9 +125,10 @@ class TorchBackend:
         with torch.no_grad():
             for rows in torch.arange(batch.size).split(self.forward_micro_batch_size):
                 for key, value in self._outputs(batch, rows, with_entropy=with_entropy).items():
-                    parts.setdefault(key, []).append(value.float().cpu())
+                    parts.setdefault(key, []).append(value.float())
         self.model.train(was_training)
-        return {key: torch.cat(chunks) for key, chunks in parts.items()}
+        # One copy to the host after the last micro-batch: a copy per micro-batch would wait for each.
+        return {key: torch.cat(chunks).cpu() for key, chunks in parts.items()}
 
     def train(self, batch: RolloutBatch, loss_fn: LossFn, *, micro_batch_size: int) -> dict[str, float]:
         """One optimizer step on the sum of loss_fn's terms over the micro-batches and the ranks.
@@ -145,7 +149,7 @@ class TorchBackend:
         self._changed = True
         self._prepare_optimizer_state()
         self.optimizer.zero_grad(set_to_none=True)
-        totals: dict[str, float] = {"loss": 0.0}
+        totals: dict[str, torch.Tensor] = {}
         micro_batches = torch.arange(batch.size).split(micro_batch_size)
         self._optimizer_copy.split(len(micro_batches))
         for rows in micro_batches:
@@ -154,9 +158,7 @@ class TorchBackend:
             # each queued after the micro-batch's own host-to-device copies (the same copy engine).
             self._optimizer_copy.advance()
             loss.backward()
-            totals["loss"] += float(loss.detach())
-            for key, value in stats.items():
-                totals[key] = totals.get(key, 0.0) + float(value)
+            add_stats(totals, {"loss": loss, **stats})
         sum_gradients(self.model.parameters())
         max_norm = self.max_grad_norm if self.max_grad_norm > 0 else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
@@ -166,8 +168,8 @@ class TorchBackend:
             self.optimizer.step()
         self.last_transfer = self._optimizer_copy.settle(self.last_transfer)
         self.optimizer.zero_grad(set_to_none=True)
-        keys = sorted(totals)
-        summed = all_reduce_sum(torch.tensor([totals[key] for key in keys], dtype=torch.float64))
+        keys, summed = stacked_stats(totals, torch.device("cpu"))
+        summed = all_reduce_sum(summed)
         return {**dict(zip(keys, summed.tolist())), "grad_norm": grad_norm, "skipped": 0.0 if finite else 1.0}
 
     def _outputs(
@@ -179,19 +181,19 @@ class TorchBackend:
         """
         t = batch.response_length
         aligned = aligned_rows(batch, rows, width_multiple=self.width_multiple)
-        input_ids = aligned.input_ids.to(self.device)
-        at = aligned.predict_at.to(self.device)
+        input_ids = to_device(aligned.input_ids, self.device)
+        at = to_device(aligned.predict_at, self.device)
         if self.is_value_model:
             outputs = {"values": self.model(input_ids=input_ids).gather(1, at).float()}
         else:
             # Hidden states of the positions that predict real response tokens only; the output
             # layer, log-softmax and entropy run over them in chunks (no [b, T, V] logits).
             hidden = self.model.get_decoder()(input_ids=input_ids, use_cache=False).last_hidden_state
-            hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, aligned.real_outputs().to(self.device))
-            real = aligned.real.to(self.device)
+            hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, to_device(aligned.real_outputs(), self.device))
+            real = to_device(aligned.real, self.device)
             head = self.model.get_output_embeddings()
             log_probs, entropy = chunked_log_probs_and_entropy(
-                hidden, head.weight, aligned.targets[aligned.real].to(self.device), bias=head.bias,
+                hidden, head.weight, to_device(aligned.targets[aligned.real], self.device), bias=head.bias,
                 temperature=self.logits_temperature, with_entropy=with_entropy, compiled=self.compile,
                 kept_logits_bytes=self.kept_logits_bytes,
             )
@@ -199,7 +201,7 @@ class TorchBackend:
             outputs = {"log_probs": zeros.masked_scatter(real, log_probs)}
             if with_entropy:
                 outputs["entropy"] = zeros.masked_scatter(real, entropy)
-        mask = batch.response_mask[rows].to(self.device).bool()
+        mask = to_device(batch.response_mask[rows], self.device).bool()
         return {
             key: torch.where(mask, F.pad(value, (0, t - aligned.kept)), torch.zeros((), device=self.device))
             for key, value in outputs.items()

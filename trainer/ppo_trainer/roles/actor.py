@@ -143,10 +143,10 @@ class ActorWorker(RoleWorker):
             entropy_term = aggregate_loss(entropy, rows_mask, mode=aggregation, counts=counts)
             loss = pg_loss - ppo.entropy_coef * entropy_term
             return loss, {
-                "policy_loss": float(pg_loss.detach()),
-                "clipfrac": float(stats["clipfrac"]),
-                "approx_kl": float(stats["approx_kl"]),
-                "entropy": float(aggregate_loss(entropy.detach(), rows_mask, mode=TOKEN_MEAN, counts=counts)),
+                "policy_loss": pg_loss,
+                "clipfrac": stats["clipfrac"],
+                "approx_kl": stats["approx_kl"],
+                "entropy": aggregate_loss(entropy.detach(), rows_mask, mode=TOKEN_MEAN, counts=counts),
             }
 
         with self.turn("train", stay_awake=stay_awake):

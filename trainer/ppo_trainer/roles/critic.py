@@ -110,7 +110,7 @@ class CriticWorker(RoleWorker):
                     v, take_rows(values, rows, v), take_rows(targets.returns, rows, v), take_rows(mask, rows, v),
                     clip_range=clip_range, aggregation=aggregation, counts=counts,
                 )
-                return v_loss, {"value_loss": float(v_loss.detach()), "value_clipfrac": float(stats["clipfrac"])}
+                return v_loss, {"value_loss": v_loss, "value_clipfrac": stats["clipfrac"]}
 
             passes = [
                 self.backend.train(batch, loss_fn, micro_batch_size=self.training.micro_batch_size)

@@ -58,9 +58,12 @@ from ppo_trainer.algorithms.ppo import chunked_log_probs_and_entropy
 from ppo_trainer.backends.base import (
     COMPILED_WIDTH_MULTIPLE,
     LossFn,
+    add_stats,
     check_backend_arguments,
     cpu_copy,
     kept_logits_bytes,
+    stacked_stats,
+    to_device,
 )
 from ppo_trainer.backends.megatron import conversion
 from ppo_trainer.backends.megatron.attention import layer_spec
@@ -377,7 +380,7 @@ class MegatronBackend:
             # The schedule divides each micro-batch's loss by their count and DDP averages the
             # gradients over the data-parallel ranks: undo both, so that the terms add up.
             loss, stats = loss_fn(outputs, rows)
-            return loss * (micro_batches * data_parallel), {"loss": float(loss.detach()), **stats}
+            return loss * (micro_batches * data_parallel), {"loss": loss.detach(), **stats}
 
         # The optimizer state's copy in parts beside the last micro-batches, each queued after the
         # micro-batch's forward pass and before its outputs' host-to-device copies (the same copy
@@ -386,13 +389,11 @@ class MegatronBackend:
         parts = self._schedule(batch, micro_batch_size, term, with_entropy=not self.is_value_model,
                                forward_only=False, after_forward=self._optimizer_copy.advance)
         finalize_model_grads([self.model])  # data-parallel reduce; the two copies of a tied embedding summed
-        totals: dict[str, float] = {}
+        totals: dict = {}
         if self.last_stage:
             for part in parts:
-                for key, value in part.items():
-                    totals[key] = totals.get(key, 0.0) + float(value)
-            keys = sorted(totals)
-            summed = torch.tensor([totals[key] for key in keys], dtype=torch.float64, device=self.device)
+                add_stats(totals, part)
+            keys, summed = stacked_stats(totals, self.device)
             dist.all_reduce(summed, group=parallel_state.get_data_parallel_group())
             totals = dict(zip(keys, summed.tolist()))
         if self.pp_size > 1:
@@ -417,7 +418,7 @@ class MegatronBackend:
         def forward_step(data_iterator, model):
             rows = next(data_iterator)
             aligned = aligned_rows(batch, rows, width_multiple=self.width_multiple)
-            ids = aligned.input_ids.to(self.device)
+            ids = to_device(aligned.input_ids, self.device)
             positions = torch.arange(ids.shape[1], device=self.device).expand(len(rows), -1)
             extra = {"fp32_output": False} if self.half else {}
             head: dict = {}
@@ -450,17 +451,17 @@ class MegatronBackend:
         `head_weight` the output is the final hidden states and the output layer is applied here.
         """
         t = batch.response_length
-        at = aligned.predict_at.to(self.device)
-        targets = aligned.targets.to(self.device)
+        at = to_device(aligned.predict_at, self.device)
+        targets = to_device(aligned.targets, self.device)
         kept = aligned.kept
         if self.is_value_model:
             outputs = {"values": output.squeeze(-1).gather(1, at).float()}
         elif head_weight is not None:
             # The output layer, log-softmax and entropy only on positions of real response tokens.
-            hidden = output.reshape(-1, output.shape[-1]).index_select(0, aligned.real_outputs().to(self.device))
-            real = aligned.real.to(self.device)
+            hidden = output.reshape(-1, output.shape[-1]).index_select(0, to_device(aligned.real_outputs(), self.device))
+            real = to_device(aligned.real, self.device)
             log_probs, entropy = chunked_log_probs_and_entropy(
-                hidden, head_weight, aligned.targets[aligned.real].to(self.device), temperature=self.logits_temperature,
+                hidden, head_weight, to_device(aligned.targets[aligned.real], self.device), temperature=self.logits_temperature,
                 with_entropy=with_entropy, compiled=self.compile,
                 kept_logits_bytes=self.kept_logits_bytes,
             )
@@ -473,7 +474,7 @@ class MegatronBackend:
             outputs = {"log_probs": log_probs_from_logits(logits, targets)}
             if with_entropy:
                 outputs["entropy"] = entropy_from_logits(logits)
-        mask = batch.response_mask[rows].to(self.device).bool()
+        mask = to_device(batch.response_mask[rows], self.device).bool()
         zero = torch.zeros((), device=self.device)
         return {key: torch.where(mask, F.pad(value, (0, t - kept)), zero) for key, value in outputs.items()}
 
