@@ -97,6 +97,10 @@ def test_train_takes_one_step_and_reports_loss_and_grad_norm(make, role):
     stats = backend.train(batch, loss_fn, micro_batch_size=2)
     assert {"loss", "term", "grad_norm", "skipped"} <= set(stats) and stats["skipped"] == 0.0
     assert stats["loss"] == pytest.approx(stats["term"]) and stats["grad_norm"] > 0
+    # the stats are summed over the micro-batches (on the device) and come back as numbers
+    key = "values" if role == "critic" else "log_probs"
+    assert all(isinstance(value, float) for value in stats.values())
+    assert stats["term"] == pytest.approx(float((before[key] ** 2).sum()) / 100.0, rel=1e-2)
     after = backend.forward(batch)
     assert not all(torch.equal(before[k], after[k]) for k in before)
 
