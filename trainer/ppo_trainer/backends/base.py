@@ -74,19 +74,11 @@ def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     return tensor.pin_memory().to(device, non_blocking=True)
 
 
-def add_stats(totals: dict[str, torch.Tensor], stats: dict[str, torch.Tensor]) -> None:
-    """Adds a micro-batch's loss and stats (`LossFn`) into `totals`, in float64 where they are."""
-    for key, value in stats.items():
-        value = value.detach().to(torch.float64)
-        totals[key] = totals[key] + value if key in totals else value
-
-
-def stacked_stats(totals: dict[str, torch.Tensor], device: torch.device) -> tuple[list[str], torch.Tensor]:
-    """`totals`' keys, sorted, and their values in one float64 tensor on `device` (to reduce and read once)."""
-    keys = sorted(totals)
-    if not keys:
-        return keys, torch.zeros(0, dtype=torch.float64, device=device)
-    return keys, torch.stack([totals[key] for key in keys]).to(device)
+def summed_stats(parts: list[dict[str, torch.Tensor]], device: torch.device) -> tuple[list[str], torch.Tensor]:
+    """The micro-batches' loss and stats (`LossFn`) summed key by key in float64: the keys, sorted,
+    and the sums in one tensor on `device`, to reduce over the ranks and read once."""
+    keys = sorted(parts[0])
+    return keys, torch.stack([sum(part[key].detach().double() for part in parts) for key in keys]).to(device)
 
 
 def cpu_copy(tree: Any) -> Any:

@@ -26,11 +26,10 @@ from ppo_trainer.algorithms.ppo import chunked_log_probs_and_entropy
 from ppo_trainer.backends.base import (
     COMPILED_WIDTH_MULTIPLE,
     LossFn,
-    add_stats,
     check_backend_arguments,
     cpu_copy,
     kept_logits_bytes,
-    stacked_stats,
+    summed_stats,
     to_device,
 )
 from ppo_trainer.batch import RolloutBatch
@@ -149,7 +148,7 @@ class TorchBackend:
         self._changed = True
         self._prepare_optimizer_state()
         self.optimizer.zero_grad(set_to_none=True)
-        totals: dict[str, torch.Tensor] = {}
+        parts: list[dict[str, torch.Tensor]] = []
         micro_batches = torch.arange(batch.size).split(micro_batch_size)
         self._optimizer_copy.split(len(micro_batches))
         for rows in micro_batches:
@@ -158,7 +157,7 @@ class TorchBackend:
             # each queued after the micro-batch's own host-to-device copies (the same copy engine).
             self._optimizer_copy.advance()
             loss.backward()
-            add_stats(totals, {"loss": loss, **stats})
+            parts.append({"loss": loss.detach(), **stats})
         sum_gradients(self.model.parameters())
         max_norm = self.max_grad_norm if self.max_grad_norm > 0 else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
@@ -168,7 +167,7 @@ class TorchBackend:
             self.optimizer.step()
         self.last_transfer = self._optimizer_copy.settle(self.last_transfer)
         self.optimizer.zero_grad(set_to_none=True)
-        keys, summed = stacked_stats(totals, torch.device("cpu"))
+        keys, summed = summed_stats(parts, torch.device("cpu"))
         summed = all_reduce_sum(summed)
         return {**dict(zip(keys, summed.tolist())), "grad_norm": grad_norm, "skipped": 0.0 if finite else 1.0}
 

@@ -58,11 +58,10 @@ from ppo_trainer.algorithms.ppo import chunked_log_probs_and_entropy
 from ppo_trainer.backends.base import (
     COMPILED_WIDTH_MULTIPLE,
     LossFn,
-    add_stats,
     check_backend_arguments,
     cpu_copy,
     kept_logits_bytes,
-    stacked_stats,
+    summed_stats,
     to_device,
 )
 from ppo_trainer.backends.megatron import conversion
@@ -389,11 +388,9 @@ class MegatronBackend:
         parts = self._schedule(batch, micro_batch_size, term, with_entropy=not self.is_value_model,
                                forward_only=False, after_forward=self._optimizer_copy.advance)
         finalize_model_grads([self.model])  # data-parallel reduce; the two copies of a tied embedding summed
-        totals: dict = {}
+        totals: dict[str, float] = {}
         if self.last_stage:
-            for part in parts:
-                add_stats(totals, part)
-            keys, summed = stacked_stats(totals, self.device)
+            keys, summed = summed_stats(parts, self.device)
             dist.all_reduce(summed, group=parallel_state.get_data_parallel_group())
             totals = dict(zip(keys, summed.tolist()))
         if self.pp_size > 1:
