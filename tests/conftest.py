@@ -9,6 +9,8 @@ real node's containerd, for tests whose pods run containers there.
 
 `k8s_namespace` (function): a fresh namespace on that cluster, deleted after the test.
 
+`ragged_batch` (function): a small RolloutBatch of ragged responses for the trainer's tests.
+
 At the end of a run the terminal summary gives the seconds each tier (unit, integration, e2e, gpu)
 and the slowest test files took, setup and teardown included: where a CI run's time goes.
 """
@@ -71,6 +73,32 @@ def k8s_namespace(local_cluster, request):
 
 
 _SECONDS_BY_FILE: collections.Counter[str] = collections.Counter()
+
+
+@pytest.fixture
+def ragged_batch():
+    """A RolloutBatch of 8 rows for the trainer's split-invariance tests (unit and integration): prompts
+    of 2-6 tokens, left-padded; responses of 1-8 of 8 tokens; random scores and rollout log-probs, in
+    builtin:tiny's vocabulary (258 pads)."""
+    import torch
+
+    from ppo_trainer.batch import RolloutBatch
+
+    rows, response, pad = 8, 8, 258
+    g = torch.Generator().manual_seed(0)
+    lengths = [1, 8, 3, 7, 2, 8, 5, 1]
+    prompt_lengths = torch.randint(2, 7, (rows,), generator=g).tolist()
+    width = max(prompt_lengths)
+    tokens = torch.full((rows, width + response), pad)
+    attention = torch.zeros(rows, width + response, dtype=torch.long)
+    mask = torch.zeros(rows, response)
+    for row, (p, n) in enumerate(zip(prompt_lengths, lengths, strict=True)):
+        tokens[row, width - p : width + n] = torch.randint(0, 256, (p + n,), generator=g)
+        attention[row, width - p : width + n] = 1
+        mask[row, :n] = 1.0
+    rollout = -torch.rand(rows, response, generator=g) * 6 * mask
+    return RolloutBatch(tokens=tokens, attention_mask=attention, response_mask=mask, prompt_length=width,
+                        rollout_log_probs=rollout, scores=torch.rand(rows, generator=g))
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

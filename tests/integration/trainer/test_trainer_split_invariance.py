@@ -15,31 +15,12 @@ import torch
 from conftest import tiny_spec
 
 from ppo_trainer.algorithms import summarize_mismatch
-from ppo_trainer.batch import RolloutBatch
 from ppo_trainer.roles.actor import ActorWorker
 from ppo_trainer.roles.build import build_roles, compute_layout
 from ppo_trainer.roles.critic import CriticWorker
 from ppo_trainer.roles.ref import RefWorker
 
-ROWS, RESPONSE, PAD = 8, 8, 258
-
-
-def ragged_batch() -> RolloutBatch:
-    """Responses of 1 to 8 tokens, prompts of 2 to 6; random scores and rollout log-probs."""
-    g = torch.Generator().manual_seed(0)
-    lengths = [1, 8, 3, 7, 2, 8, 5, 1]
-    prompt_lengths = torch.randint(2, 7, (ROWS,), generator=g).tolist()
-    width = max(prompt_lengths)
-    tokens = torch.full((ROWS, width + RESPONSE), PAD)
-    attention = torch.zeros(ROWS, width + RESPONSE, dtype=torch.long)
-    mask = torch.zeros(ROWS, RESPONSE)
-    for row, (p, n) in enumerate(zip(prompt_lengths, lengths, strict=True)):
-        tokens[row, width - p : width + n] = torch.randint(0, 256, (p + n,), generator=g)
-        attention[row, width - p : width + n] = 1
-        mask[row, :n] = 1.0
-    rollout = -torch.rand(ROWS, RESPONSE, generator=g) * 6 * mask
-    return RolloutBatch(tokens=tokens, attention_mask=attention, response_mask=mask, prompt_length=width,
-                        rollout_log_probs=rollout, scores=torch.rand(ROWS, generator=g))
+ROWS, RESPONSE = 8, 8  # the ragged_batch fixture's
 
 
 def split_spec(micro_batch_size: int):
@@ -91,8 +72,8 @@ def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
 
 
-def test_one_step_on_two_ranks_of_micro_batch_one_equals_one_rank_on_the_whole_batch(ray_session):
-    batch = ragged_batch()
+def test_one_step_on_two_ranks_of_micro_batch_one_equals_one_rank_on_the_whole_batch(ray_session, ragged_batch):
+    batch = ragged_batch
     spec = split_spec(micro_batch_size=1)
     record, recorded = gradient_recorders()
     roles = build_roles(spec, compute_layout(spec, use_gpus=False, cpu_ranks=2), timeout=120)

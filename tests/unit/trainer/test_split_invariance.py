@@ -12,26 +12,8 @@ from ppo_trainer.roles.critic import CriticWorker
 from ppo_trainer.roles.handoff import CriticValues
 from ppojob_api.spec import parse_spec
 
-ROWS, RESPONSE, PAD = 8, 8, 258
+ROWS = 8  # the ragged_batch fixture's
 AGGREGATIONS = ["TokenMean", "SequenceMeanTokenMean", "SequenceMeanTokenSum"]
-
-
-def ragged_batch() -> RolloutBatch:
-    """Prompts of 2-6 tokens, responses of 1-8 tokens, random scores and rollout log-probs."""
-    g = torch.Generator().manual_seed(0)
-    lengths = [1, 8, 3, 7, 2, 8, 5, 1]
-    prompt_lengths = torch.randint(2, 7, (ROWS,), generator=g).tolist()
-    width = max(prompt_lengths)
-    tokens = torch.full((ROWS, width + RESPONSE), PAD)
-    attention = torch.zeros(ROWS, width + RESPONSE, dtype=torch.long)
-    mask = torch.zeros(ROWS, RESPONSE)
-    for row, (p, n) in enumerate(zip(prompt_lengths, lengths, strict=True)):
-        tokens[row, width - p : width + n] = torch.randint(0, 256, (p + n,), generator=g)
-        attention[row, width - p : width + n] = 1
-        mask[row, :n] = 1.0
-    rollout = -torch.rand(ROWS, RESPONSE, generator=g) * 6 * mask
-    return RolloutBatch(tokens=tokens, attention_mask=attention, response_mask=mask, prompt_length=width,
-                        rollout_log_probs=rollout, scores=torch.rand(ROWS, generator=g))
 
 
 def make_spec(micro_batch_size: int, aggregation: str, **ppo):
@@ -71,8 +53,8 @@ def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("aggregation", AGGREGATIONS)
-def test_one_step_is_the_same_for_micro_batches_of_1_4_and_the_whole_batch(aggregation):
-    batch = ragged_batch()
+def test_one_step_is_the_same_for_micro_batches_of_1_4_and_the_whole_batch(aggregation, ragged_batch):
+    batch = ragged_batch
     whole = one_step(make_spec(ROWS, aggregation), batch)
     for micro_batch_size in (1, 4):
         split = one_step(make_spec(micro_batch_size, aggregation), batch)
@@ -89,17 +71,17 @@ def test_one_step_is_the_same_for_micro_batches_of_1_4_and_the_whole_batch(aggre
             assert relative_difference(parameters, expected_parameters) < 1e-4, f"{role} at micro-batch {micro_batch_size}"
 
 
-def test_the_aggregation_modes_give_different_updates():
+def test_the_aggregation_modes_give_different_updates(ragged_batch):
     """The three modes are different losses (a test that could not tell them apart would prove nothing)."""
-    batch = ragged_batch()
+    batch = ragged_batch
     actor_gradients = [one_step(make_spec(ROWS, mode), batch)["actor"][0] for mode in AGGREGATIONS]
     for i in range(len(AGGREGATIONS)):
         for j in range(i):
             assert relative_difference(actor_gradients[i], actor_gradients[j]) > 1e-2
 
 
-def test_truncated_importance_sampling_changes_the_update_and_stays_split_invariant():
-    batch = ragged_batch()
+def test_truncated_importance_sampling_changes_the_update_and_stays_split_invariant(ragged_batch):
+    batch = ragged_batch
     tis = {"rolloutCorrection": {"type": "TruncatedImportanceSampling", "cap": 2.0}}
     plain = one_step(make_spec(ROWS, "TokenMean"), batch)["actor"][0]
     whole = one_step(make_spec(ROWS, "TokenMean", **tis), batch)["actor"]
