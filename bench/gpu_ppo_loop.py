@@ -6,7 +6,8 @@ colocated on the GPUs (fractional bundles), offload on, the critic's values hand
 through the object store. Workload A is the Qwen2.5-0.5B shape, workload B the Qwen2.5-3B shape
 (`gpu_workloads.py`), random bf16 weights; 256 prompts of about 100 tokens (byte tokenizer: one
 token a character), up to 512 new tokens, reward `Synthetic`. The same call measures the
-ceilings (bf16 matmul, pinned copies). Inside each role's process `gpu_loop_probe` times the
+ceilings (bf16 matmul: one, and 5 s of them back to back, at the clock a training pass holds; pinned
+copies). Inside each role's process `gpu_loop_probe` times the
 backend's and engine's calls (training passes' FLOPs, generation, every offload and onload with
 its bytes) and the device memory each role reaches awake; an NVML sampler reads each process's
 device memory, and after the last step every role is put to sleep to read what all of them hold
@@ -267,20 +268,21 @@ def transition_seconds(events: list[tuple[str, dict]], *, after: float, steps: i
     return totals
 
 
-def measure_ceilings() -> tuple[float, dict]:
+def measure_ceilings() -> tuple[float, float, dict]:
+    """(bf16 TFLOP/s of one matmul, of 5 s of them back to back, pinned copy GB/s each way)."""
     import torch
-    from gpu_ppo_step import bf16_ceiling, pinned_bandwidth
+    from gpu_ppo_step import bf16_ceiling, bf16_sustained, pinned_bandwidth
 
-    ceiling, pinned = bf16_ceiling(), pinned_bandwidth()
+    ceiling, sustained, pinned = bf16_ceiling(), bf16_sustained(), pinned_bandwidth()
     torch.cuda.empty_cache()
-    return ceiling, pinned
+    return ceiling, sustained, pinned
 
 
-def table(results: list[dict], ceiling: float | None, pinned: dict | None) -> str:
+def table(results: list[dict], ceiling: float | None, pinned: dict | None, sustained: float | None = None) -> str:
     lines = []
     if ceiling:
-        lines.append(f"ceilings: bf16 matmul {ceiling:.0f} TFLOP/s; pinned copy {pinned['to_device']:.1f} GB/s to device, "
-                     f"{pinned['to_host']:.1f} GB/s to host")
+        lines.append(f"ceilings: bf16 matmul {ceiling:.0f} TFLOP/s ({sustained:.0f} sustained over 5 s); pinned copy "
+                     f"{pinned['to_device']:.1f} GB/s to device, {pinned['to_host']:.1f} GB/s to host")
     heads = [f"{r['model']} {r['backend']}{' ' + r['schedule'] if r['schedule'] != 'Synchronous' else ''}"
              f"{' restart' if r.get('restarted') else ''}" for r in results]
     width = max([24, *(len(h) + 2 for h in heads)])
@@ -306,6 +308,7 @@ def table(results: list[dict], ceiling: float | None, pinned: dict | None) -> st
     row("values handoff s (actor picks its rows)", lambda r: f"{r['probe']['values_handoff_seconds']:.4f}")
     row("generate tokens/s (engine call)", lambda r: f"{r['probe']['generate_tokens_per_s']:,.0f}")
     row("training passes, share of bf16 ceiling", lambda r: f"{r['probe']['training_mfu']:.1%}")
+    row("  of the sustained matmuls' rate", lambda r: f"{r['probe']['training_mfu'] * ceiling / sustained:.1%}")
     row("SM clock MHz: generating, training (max)", lambda r: (
         f"{r['probe']['sm_clock_mhz']['generate']:.0f}, {r['probe']['sm_clock_mhz']['training passes']:.0f}"
         f" ({r['max_sm_clock_mhz']})"))
@@ -356,9 +359,9 @@ def main() -> None:
     if args.restart and args.compile_cache:
         parser.error("--restart measures a cold job against a resumed one: leave --compile-cache out")
     args.out.mkdir(parents=True, exist_ok=True)
-    ceiling, pinned = measure_ceilings() if args.gpus else (None, None)
+    ceiling, sustained, pinned = measure_ceilings() if args.gpus else (None, None, None)
     if ceiling:
-        print(f"bf16 ceiling {ceiling:.0f} TFLOP/s, pinned {pinned}", flush=True)
+        print(f"bf16 ceiling {ceiling:.0f} TFLOP/s ({sustained:.0f} sustained), pinned {pinned}", flush=True)
     work = Path(tempfile.mkdtemp(prefix="ppo-loop-"))
     write_prompts(work / "prompts.jsonl", args.prompts, args.prompt_length, seed=0)
     from gpu_ppo_step import make_checkpoint
@@ -389,12 +392,13 @@ def main() -> None:
                     results.append(result | {"model": model_name, "restarted": resume})
                     (args.out / "loop.json").write_text(json.dumps(
                         {"args": vars(args) | {"out": str(args.out), "compile_cache": str(args.compile_cache)},
-                         "ceiling_tflops": ceiling, "pinned_gb_per_s": pinned, "results": results}, indent=1))
+                         "ceiling_tflops": ceiling, "sustained_tflops": sustained, "pinned_gb_per_s": pinned,
+                         "results": results}, indent=1))
                     print(f"[{model_name} {backend} {schedule}{' restart' if resume else ''}] step"
                           f" {result['step_seconds']:.2f} s, first {result['first_step_seconds']:.2f} s (compiling"
                           f" {result['first_step_compile_seconds']:.1f} s), wall {result['wall_seconds']:.0f} s", flush=True)
         shutil.rmtree(model_dir)
-    text = table(results, ceiling, pinned)
+    text = table(results, ceiling, pinned, sustained)
     (args.out / "loop.txt").write_text(text + "\n")
     print(text)
 

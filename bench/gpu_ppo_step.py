@@ -69,6 +69,20 @@ def bf16_ceiling(n: int = 8192, repeats: int = 20) -> float:
     return 2 * n**3 / best / 1e12
 
 
+def bf16_sustained(n: int = 8192, seconds: float = 5.0) -> float:
+    """TFLOP/s of n^3 bf16 matmuls back to back for about `seconds`: the clock that a long run of
+    matmuls holds under the GPU's power limit, where `bf16_ceiling` (one short matmul) meets the
+    clock's maximum. Training passes run at the former."""
+    a, b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16), torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    one = 2 * n**3 / bf16_ceiling(n, repeats=3) / 1e12
+    count = max(1, int(seconds / one))
+    sync()
+    started = time.perf_counter()
+    for _ in range(count):
+        a @ b
+    sync()
+    return count * 2 * n**3 / (time.perf_counter() - started) / 1e12
+
 def pinned_bandwidth(gib: float = 1.0, repeats: int = 5) -> dict[str, float]:
     """GB/s of one pinned host <-> device copy each way (median)."""
     n = int(gib * 2**30)
