@@ -83,6 +83,7 @@ def bf16_sustained(n: int = 8192, seconds: float = 5.0) -> float:
     sync()
     return count * 2 * n**3 / (time.perf_counter() - started) / 1e12
 
+
 def pinned_bandwidth(gib: float = 1.0, repeats: int = 5) -> dict[str, float]:
     """GB/s of one pinned host <-> device copy each way (median)."""
     n = int(gib * 2**30)
