@@ -273,7 +273,8 @@ def measure_ceilings() -> tuple[float, float, dict]:
     import torch
     from gpu_ppo_step import bf16_ceiling, bf16_sustained, pinned_bandwidth
 
-    ceiling, sustained, pinned = bf16_ceiling(), bf16_sustained(), pinned_bandwidth()
+    ceiling = bf16_ceiling()
+    sustained, pinned = bf16_sustained(ceiling), pinned_bandwidth()
     torch.cuda.empty_cache()
     return ceiling, sustained, pinned
 

@@ -69,13 +69,12 @@ def bf16_ceiling(n: int = 8192, repeats: int = 20) -> float:
     return 2 * n**3 / best / 1e12
 
 
-def bf16_sustained(n: int = 8192, seconds: float = 5.0) -> float:
-    """TFLOP/s of n^3 bf16 matmuls back to back for about `seconds`: the clock that a long run of
-    matmuls holds under the GPU's power limit, where `bf16_ceiling` (one short matmul) meets the
-    clock's maximum. Training passes run at the former."""
+def bf16_sustained(ceiling_tflops: float, n: int = 8192, seconds: float = 5.0) -> float:
+    """TFLOP/s of n^3 bf16 matmuls back to back for about `seconds` (their count from `bf16_ceiling`'s
+    rate): the clock that a long run of matmuls holds under the GPU's power limit, where one short
+    matmul meets the clock's maximum. Training passes run at the former."""
     a, b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16), torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    one = 2 * n**3 / bf16_ceiling(n, repeats=3) / 1e12
-    count = max(1, int(seconds / one))
+    count = max(1, int(seconds * ceiling_tflops * 1e12 / (2 * n**3)))
     sync()
     started = time.perf_counter()
     for _ in range(count):
