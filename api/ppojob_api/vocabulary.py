@@ -23,6 +23,7 @@ MANAGED_BY = "ppojob-operator"
 LABEL_ATTEMPT = "ppojob.io/attempt"
 # Which part of the job a Ray pod template is: head, train (actor and critic), rollout.
 LABEL_ROLE = "ppojob.io/role"
+ROLE_HEAD = "head"
 # The trainer reports to a ConfigMap of its job's (named in this environment variable), under this
 # key, as the JSON of `status.progress`; the operator folds it into the PPOJob's status.
 ENV_PROGRESS_CONFIGMAP = "PPOJOB_PROGRESS_CONFIGMAP"
@@ -113,6 +114,7 @@ class Reason(str, enum.Enum):
     SUCCEEDED = "Succeeded"
     TTL_EXPIRED = "TTLExpired"
     CLUSTER_DELETED = "ClusterDeleted"
+    DUPLICATE_HEAD_DELETED = "DuplicateHeadPodDeleted"
     RECONCILE_ERROR = "ReconcileError"
     REPORT_REFUSED = "ReportRefused"
 

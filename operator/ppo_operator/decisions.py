@@ -65,7 +65,7 @@ class Placement:
 def gang_placement(job: Job, spec: PPOJobSpec, observed: Observed, attempt: int) -> Placement:
     """All pods of the attempt's gang are bound to nodes."""
     expected = gang_of(job, spec, attempt).min_member
-    pods = [p for p in observed.pods_of(attempt) if not p.deleting]
+    pods = [p for p in observed.gang_pods(attempt) if not p.deleting]
     placed = [p for p in pods if p.node]
     times = [p.scheduled_at for p in placed if p.scheduled_at]
     return Placement(
@@ -83,7 +83,7 @@ def should_confirm_children(job: Job, spec: PPOJobSpec, observed: Observed) -> b
     attempt = job.attempt
     if not is_true(job.status.get("conditions") or [], ConditionType.GANG_SCHEDULED):
         return False
-    seen = [p for p in observed.pods_of(attempt) if not p.deleting]
+    seen = [p for p in observed.gang_pods(attempt) if not p.deleting]
     return observed.cluster_of(attempt) is None or len(seen) < gang_of(job, spec, attempt).min_member
 
 
@@ -136,7 +136,7 @@ def find_failure(
                 retryable=False,
             )
         return None
-    lost = _lost_pods(observed.pods_of(attempt), pending_since, placement.expected)
+    lost = _lost_pods(observed.gang_pods(attempt), pending_since, placement.expected)
     if lost or not observed.cluster_of(attempt):
         what = lost or [f"RayCluster of attempt {attempt} disappeared"]
         return Verdict(Reason.POD_LOST, "; ".join(what))

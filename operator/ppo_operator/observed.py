@@ -12,11 +12,11 @@ import dataclasses
 import enum
 import json
 from collections.abc import Iterable, Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from ppo_operator.job import parse_time
-from ppojob_api.vocabulary import KIND, LABEL_ATTEMPT, LABEL_ROLE, PROGRESS_KEY
+from ppojob_api.vocabulary import KIND, LABEL_ATTEMPT, LABEL_ROLE, PROGRESS_KEY, ROLE_HEAD
 
 
 def _attempt(labels: Mapping[str, str]) -> int | None:
@@ -181,6 +181,21 @@ class Observed:
 
     def pods_of(self, attempt: int) -> list[PodRecord]:
         return [p for p in self.pods if p.attempt == attempt]
+
+    def duplicate_heads(self, attempt: int) -> list[PodRecord]:
+        """The attempt's head pods beside its oldest, while that one lives. KubeRay makes a second head
+        when the reply to its create is lost (an API server restart) and then reconciles the cluster no
+        more until all but one are deleted; the gang and its losses are counted without them."""
+        heads = sorted((p for p in self.pods_of(attempt) if p.role == ROLE_HEAD),
+                       key=lambda p: (p.created or datetime.min.replace(tzinfo=UTC), p.name))
+        if len(heads) < 2 or heads[0].deleting or heads[0].phase in ("Failed", "Succeeded"):
+            return []
+        return heads[1:]
+
+    def gang_pods(self, attempt: int) -> list[PodRecord]:
+        """The attempt's pods less its duplicate heads: the members of its gang."""
+        duplicates = self.duplicate_heads(attempt)
+        return [p for p in self.pods_of(attempt) if p not in duplicates]
 
     def cluster_of(self, attempt: int) -> ClusterRecord | None:
         return next((c for c in self.clusters if c.attempt == attempt and not c.deleting), None)

@@ -25,6 +25,7 @@ from ppojob_api.spec import PPOJobSpec
 from ppojob_api.vocabulary import ConditionType, Phase, Reason
 
 RAYCLUSTERS = GroupResource("ray.io", "v1", "rayclusters", "RayCluster")
+PODS = GroupResource("", "v1", "pods", "Pod")
 ACTIVE = {Phase.PENDING, Phase.SCHEDULING, Phase.INITIALIZING, Phase.CRITIC_WARMUP, Phase.TRAINING, Phase.RESTARTING}
 
 
@@ -90,7 +91,13 @@ def plan_actions(
             revoke_identity=ended and "serviceAccount" in (job.status.get("children") or {}),
         )
     attempt = int(status["attempt"])
-    deletions = _deletions(observed, attempt, f"attempt {attempt} replaces it")
+    cluster = observed.cluster_of(attempt)
+    duplicates = tuple(
+        Deletion(PODS, p.name, f"a second head pod of RayCluster {cluster.name if cluster else '?'}"
+                               " (KubeRay stops reconciling a cluster with two heads)")
+        for p in observed.duplicate_heads(attempt) if not p.deleting
+    )
+    deletions = _deletions(observed, attempt, f"attempt {attempt} replaces it") + duplicates
     if spec is None:  # not reached: an invalid spec is Failed; kept for type narrowing
         return Plan(deletions=deletions, keep_trainer=attempt)
     current = dataclasses.replace(job, status={**job.status, "attempt": attempt})

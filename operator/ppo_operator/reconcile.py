@@ -49,7 +49,7 @@ from ppo_operator.observed import (
     summarize_pod,
     summarize_raycluster,
 )
-from ppo_operator.plan import RAYCLUSTERS, Plan, next_wakeup, plan_actions, pod_group_resource_of
+from ppo_operator.plan import PODS, RAYCLUSTERS, Plan, next_wakeup, plan_actions, pod_group_resource_of
 from ppo_operator.status import compute_status, hold_routine_progress, operator_status, status_changed, status_patch
 from ppojob_api.progress import MIN_INTERVAL_S, routine_interval
 from ppojob_api.spec import PPOJobSpec
@@ -58,7 +58,6 @@ from ppojob_api.vocabulary import LABEL_JOB_NAME, Reason
 log = logging.getLogger(__name__)
 
 PVCS = GroupResource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim")
-PODS = GroupResource("", "v1", "pods", "Pod")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,6 +131,7 @@ def settle(memory: JobMemory, children: Children, now: datetime) -> None:
     """Forget the writes the watches now show (a created child there, a deleted one gone or going), or too old."""
     shown = {(c.kind, c.name): c.deleting for c in children.pod_groups}
     shown.update({("RayCluster", c.name): c.deleting for c in children.clusters})
+    shown.update({("Pod", p.name): p.deleting for p in children.pods})
     for key, when in list(memory.unseen.items()):
         verb, kind, name = key
         done = (kind, name) in shown if verb == "create" else shown.get((kind, name), True)
@@ -301,6 +301,8 @@ class Reconciler:
             self.note(memory, "delete", deletion.resource.kind, deletion.name)
             if deleted and deletion.resource == RAYCLUSTERS:
                 self.post_event(job, Event("Normal", Reason.CLUSTER_DELETED.value, f"RayCluster {deletion.name} deleted: {deletion.why}"))
+            if deleted and deletion.resource == PODS:
+                self.post_event(job, Event("Warning", Reason.DUPLICATE_HEAD_DELETED.value, f"pod {deletion.name} deleted: {deletion.why}"))
         await self.launcher.stop_others(job, plan.keep_trainer)
         if plan.revoke_identity:
             for identity in (build_role_binding(job), build_role(job), build_service_account(job),

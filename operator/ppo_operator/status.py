@@ -212,7 +212,7 @@ def _attempt_status(
         draft.condition(ConditionType.CLUSTER_READY, False, Reason.CLUSTER_NOT_READY, message)
         return draft.phase(Phase.INITIALIZING, Reason.CLUSTER_NOT_READY, message)
     draft.condition(ConditionType.CLUSTER_READY, True, Reason.CLUSTER_READY, f"RayCluster {cluster.name} is ready")
-    _pods_ready_condition(draft, observed.pods_of(attempt))
+    _pods_ready_condition(draft, observed.gang_pods(attempt))
     trainer = observed.trainer
     if trainer.state == TrainerState.NOT_STARTED:
         message = f"starting the trainer of attempt {attempt}"

@@ -22,14 +22,13 @@ from ppo_operator.builders.ray_token import ray_token_env
 from ppo_operator.gang import Gang, GangBackend
 from ppo_operator.job import Job
 from ppojob_api.spec import PPOJobSpec
-from ppojob_api.vocabulary import LABEL_ROLE
+from ppojob_api.vocabulary import LABEL_ROLE, ROLE_HEAD
 
 GPU = "nvidia.com/gpu"
 SHM_VOLUME = "dshm"
 CHECKPOINT_VOLUME = "checkpoints"
 TRAINER_UID = 1000
 """The trainer image's user `ray` and its group (images/trainer/Dockerfile)."""
-HEAD_ROLE = "head"
 
 
 def _resources(cpu: str, memory: str, gpus: int) -> dict[str, Any]:
@@ -85,7 +84,7 @@ def _pod_template(
         ray_container["envFrom"] = [{"secretRef": {"name": spec.env_from_secret}}]
     pod_spec: dict[str, Any] = {
         "serviceAccountName": names.service_account_name(job.name),
-        "automountServiceAccountToken": role == HEAD_ROLE,
+        "automountServiceAccountToken": role == ROLE_HEAD,
         "securityContext": _pod_security_context(),
         "containers": [ray_container],
         "volumes": volumes,
@@ -126,7 +125,7 @@ def build_raycluster(
     common = {"job": job, "spec": spec, "attempt": attempt, "gang": gang, "backend": backend}
     res = spec.resources
     head = _pod_template(
-        role=HEAD_ROLE, container="ray-head",
+        role=ROLE_HEAD, container="ray-head",
         resources=_resources(options.head_cpu, options.head_memory, 0), **common,
     )
     workers = [

@@ -131,6 +131,30 @@ def test_api_server_and_etcd_restarts_mid_run_miss_no_event_for_good(local_clust
     assert "--resume" in log and "from step 0" not in log
 
 
+def test_a_second_head_pod_of_a_raycluster_is_deleted_and_the_job_goes_on(local_cluster, k8s_namespace, start_operator):
+    """KubeRay makes a second head pod when the reply to its create is lost (an API server restart)
+    and then reconciles that RayCluster no more ("Please delete extra head pods"). Made here by
+    copying the head pod: the operator deletes the newer one, says so, and the job neither restarts
+    nor counts the copy as a member of its gang."""
+    ns = k8s_namespace
+    start_operator(*SMALL_HEAD, STANDIN_STEP_SECONDS="0.5")
+    apply_all(local_cluster, ns, [small_manifest("twin", ppo={"numRollouts": 16})])
+    wait_for("the trainer started", lambda: phases(local_cluster, ns).get("twin") in ("CriticWarmup", "Training"),
+             timeout=120)
+    (head,) = kget(local_cluster, "pods", ns, selector="ppojob.io/job-name=twin,ppojob.io/role=head")
+    twin = {"apiVersion": "v1", "kind": "Pod", "spec": head["spec"],  # nodeName kept: bound at once
+            "metadata": {"name": head["metadata"]["name"] + "-twin", "labels": head["metadata"]["labels"],
+                         "ownerReferences": head["metadata"]["ownerReferences"]}}
+    local_cluster.kubectl("create", "-n", ns, "-f", "-", input=json.dumps(twin))
+    wait_for("the second head deleted", lambda: "DuplicateHeadPodDeleted" in " ".join(_story(local_cluster, ns, "twin")),
+             timeout=30, interval=0.5)
+    final = wait_for("the job finished", lambda: (_statuses(local_cluster, ns)["twin"].get("phase") in FINISHED
+                                                  and _statuses(local_cluster, ns)["twin"]), timeout=120, interval=1)
+    assert (final["phase"], final["restarts"]) == ("Succeeded", 0), final
+    (told,) = [line for line in _story(local_cluster, ns, "twin") if line.startswith("DuplicateHeadPodDeleted")]
+    assert f"pod {twin['metadata']['name']} deleted: a second head pod of RayCluster twin-a0" in told, told
+
+
 def _statuses(cluster, namespace: str) -> dict[str, dict]:
     return {job["metadata"]["name"]: job.get("status") or {} for job in kget(cluster, "ppojobs", namespace) or []}
 

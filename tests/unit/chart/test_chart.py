@@ -110,7 +110,7 @@ def test_rbac_is_least_privilege(render):
     }
     rules = rules_of(role)
     assert "*" not in {v for verbs in rules.values() for v in verbs}
-    assert rules[("", "pods")] == {"get", "list", "watch"}, "the operator never writes pods"
+    assert rules[("", "pods")] == {"get", "list", "watch", "delete"}, "it deletes only duplicate head pods; never creates or patches"
     assert rules[("", "secrets")] == {"get", "create"}, "existence checks, and each job's Ray token (never listed)"
     assert rules[("networking.k8s.io", "networkpolicies")] == {"create"}, "the garbage collector deletes them"
     assert rules[("ppojob.io", "ppojobs/status")] == {"get", "patch", "update"}

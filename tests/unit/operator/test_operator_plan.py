@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 
-from operator_factory import NOW, cluster, make_ppojob, pod_group
+from operator_factory import NOW, cluster, make_ppojob, pod_group, pods
 
 from ppo_operator.builders.common import BuildOptions
 from ppo_operator.decisions import Policy
 from ppo_operator.gang import pod_group_resources
 from ppo_operator.job import Job, format_time
 from ppo_operator.observed import Observed
-from ppo_operator.plan import RAYCLUSTERS, Deletion, next_wakeup, plan_actions
+from ppo_operator.plan import PODS, RAYCLUSTERS, Deletion, next_wakeup, plan_actions
 
 POLICY, OPTIONS = Policy(), BuildOptions()
 
@@ -45,6 +46,17 @@ def test_children_of_older_attempts_are_deleted_and_the_new_ones_created():
         Deletion(RAYCLUSTERS, "tiny-a0", "attempt 1 replaces it"), Deletion(pod_groups, "tiny-a0", "attempt 1 replaces it"),
     )
     assert p.raycluster["metadata"]["name"] == "tiny-a1" and p.keep_trainer == 1
+
+
+def test_a_second_head_pod_is_deleted_once_and_the_first_kept():
+    gang = pods(0, 2)
+    second = dataclasses.replace(gang[0], name="tiny-a0-head-9", created=NOW)
+    observed = Observed(pod_groups=(pod_group(0),), clusters=(cluster(0),), pods=(second, *gang), identity_ready=True)
+    p = plan({"phase": "Initializing", "attempt": 0}, observed)
+    assert p.deletions == (Deletion(PODS, "tiny-a0-head-9", "a second head pod of RayCluster tiny-a0 (KubeRay stops"
+                                                            " reconciling a cluster with two heads)"),)
+    going = dataclasses.replace(observed, pods=(dataclasses.replace(second, deleting=True), *gang))
+    assert plan({"phase": "Initializing", "attempt": 0}, going).deletions == ()
 
 
 def test_the_trainer_is_launched_once_the_status_asks_for_it():

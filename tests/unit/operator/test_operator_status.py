@@ -146,6 +146,25 @@ def test_a_replaced_pod_counts_as_lost():
     assert status["phase"] == "Restarting" and "pod new replaced" in status["message"]
 
 
+def test_a_second_head_pod_is_neither_lost_nor_a_member_of_the_gang():
+    """KubeRay made the head twice: the newer one is a duplicate (the operator deletes it), not a
+    replacement, so the job runs on; and it does not stand in for a member that is not placed."""
+    body, gang = _running_body()
+    duplicate = PodRecord(**{**gang[0].__dict__, "name": "tiny-a0-head-2", "created": NOW + timedelta(seconds=5)})
+    for shown in (duplicate, PodRecord(**{**duplicate.__dict__, "deleting": True})):
+        observed = Observed(clusters=(cluster(0),), pods=(*gang, shown), identity_ready=True, trainer=RUNNING)
+        status = run(body, observed, NOW + timedelta(seconds=10))
+        assert (status["phase"], status["restarts"]) == ("CriticWarmup", 0), status
+        assert cond(status, "PodsReady")["message"] == "all 3 pods are ready"
+    unplaced = PodRecord(**{**gang[2].__dict__, "node": None, "scheduled_at": None})
+    pending = Observed(clusters=(cluster(0),), pods=(gang[0], duplicate, gang[1], unplaced), identity_ready=True)
+    assert run(make_ppojob(), pending)["phase"] == "Scheduling"
+    # Without the older head, the newer one is what is left of the gang: a replacement, so lost.
+    gone = PodRecord(**{**gang[0].__dict__, "deleting": True})
+    observed = Observed(clusters=(cluster(0),), pods=(gone, duplicate, *gang[1:]), identity_ready=True, trainer=RUNNING)
+    assert run(body, observed, NOW + timedelta(seconds=10))["reason"] == "PodLost"
+
+
 def test_a_lost_pod_with_no_backoff_left_fails_with_the_reason():
     body, gang = _running_body(runPolicy={"backoffLimit": 0})
     lost = Observed(clusters=(cluster(0),), pods=gang[:2], identity_ready=True, trainer=RUNNING)
