@@ -63,8 +63,10 @@ def compute_progress_events(old: Mapping[str, Any], new: Mapping[str, Any]) -> l
     if done and done != old.get("criticOnlyStepsDone") and total:
         reason = Reason.WARMUP_DONE if done >= total else Reason.WARMUP_STEP
         events.append(_event(reason.value, f"critic-only warm-up {done}/{total} done"))
-    checkpoint = new.get("lastCheckpoint") or {}
-    if checkpoint.get("step") is not None and checkpoint != (old.get("lastCheckpoint") or {}):
+    checkpoint, before = new.get("lastCheckpoint") or {}, old.get("lastCheckpoint") or {}
+    # By step and path: a resumed trainer reports the checkpoint it resumed from, written before.
+    if checkpoint.get("step") is not None and (checkpoint.get("step"), checkpoint.get("path")) != (
+            before.get("step"), before.get("path")):
         events.append(
             _event(Reason.CHECKPOINT_WRITTEN.value, f"checkpoint of step {checkpoint['step']} at {checkpoint.get('path', '?')}")
         )

@@ -145,6 +145,10 @@ class CheckpointManager:
         complete = self.all()
         return complete[-1] if complete else None
 
+    def written_at(self, path: Path) -> float:
+        """When the checkpoint was completed, as POSIX seconds (its trainer state is written last)."""
+        return (path / TRAINER_FILE).stat().st_mtime
+
     def load_state(self, path: Path) -> TrainerState:
         try:
             data = json.loads((path / TRAINER_FILE).read_text())

@@ -27,6 +27,7 @@ Poll = Callable[[], tuple[list[Transition], dict[str, str]]]
 class ProgressTracker:
     def __init__(self, *, reporter: Reporter, poll: Poll, total_steps: int, critic_only_steps: int,
                  with_critic: bool, state: TrainerState, attempt: int,
+                 last_checkpoint: CheckpointInfo | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.reporter = reporter
         self.poll = poll
@@ -42,6 +43,7 @@ class ProgressTracker:
             critic_only_steps_done=state.critic_only_steps_done,
             weight_syncs_skipped=state.weight_syncs_skipped,
             critic=TrainResidency.ON_DEVICE if with_critic else None,
+            last_checkpoint=last_checkpoint,
         )
 
     def _update(self, **changes) -> None:

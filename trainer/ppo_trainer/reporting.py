@@ -21,7 +21,12 @@ from ppojob_api.vocabulary import RolloutResidency, Stage, TrainResidency
 
 
 def utc_now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return utc_time(datetime.now(UTC).timestamp())
+
+
+def utc_time(seconds: float) -> str:
+    """A POSIX time as status times are written (RFC 3339, UTC, whole seconds)."""
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True)

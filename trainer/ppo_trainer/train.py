@@ -32,7 +32,7 @@ from ppo_trainer.checkpoint import (
 from ppo_trainer.data import PromptSampler, load_jsonl_prompts, synthetic_prompts
 from ppo_trainer.metrics import StageTimer, StepMetrics
 from ppo_trainer.progress import ProgressTracker
-from ppo_trainer.reporting import Reporter
+from ppo_trainer.reporting import CheckpointInfo, Reporter, utc_time
 from ppo_trainer.roles.actor import ActorWorker
 from ppo_trainer.roles.build import Roles, build_roles, compute_layout
 from ppo_trainer.roles.critic import CriticWorker
@@ -230,9 +230,13 @@ def run_on(roles: Roles, spec: PPOJobSpec, *, reporter: Reporter, checkpoint_dir
         if saved is not None:
             pending = Generation(PerRank(map(ray.put, saved["parts"])), PerRank(map(ray.put, saved["stats"])))
         reporter.event("note", line=f"resumed from {latest} at step {state.step}", path=str(latest))
+    # A resumed run reports the checkpoint it resumed from as the last one: it is, until the next.
+    resumed = (CheckpointInfo(step=state.step, path=str(latest), time=utc_time(checkpoints.written_at(latest)))
+               if latest is not None else None)
     status = ProgressTracker(reporter=reporter, poll=roles.poll, total_steps=spec.ppo.num_rollouts,
                              critic_only_steps=spec.ppo.num_critic_only_steps,
-                             with_critic=roles.critic is not None, state=state, attempt=attempt)
+                             with_critic=roles.critic is not None, state=state, attempt=attempt,
+                             last_checkpoint=resumed)
     if latest is not None:  # fresh engines hold the initial weights; restored ones must be sent
         status.stage(Stage.WEIGHT_SYNC, state=state)
         roles.sync_weights(version=spec.ppo.actor_updates_before(state.step))

@@ -55,6 +55,10 @@ def test_resume_after_sigkill_same_step_and_warmup_counts(tmp_path):
     note = next(r for r in resumed if r["kind"] == "note")
     resumed_at = int(note["line"].split("at step ")[1])
     assert WARMUP <= resumed_at <= WARMUP + 1  # the last complete checkpoint
+    # From its first report on, the resumed run names that checkpoint as its last one (a restart
+    # decided before it writes its own is told as resuming from there, not from the start).
+    first_report = next(r for r in resumed if r["kind"] == "progress")
+    assert first_report["lastCheckpoint"]["step"] == resumed_at, first_report
 
     final = [r for r in resumed if r["kind"] == "progress"][-1]
     assert final["finished"] and final["steps"] == f"{STEPS}/{STEPS}"

@@ -49,6 +49,9 @@ def test_progress_events_for_warmup_steps_and_checkpoints():
         Event("Normal", "CheckpointWritten", "checkpoint of step 2 at /c/2"),
     ]
     assert compute_progress_events(new, new) == []
+    # A resumed trainer reports the checkpoint it resumed from (its time read back from the file): not new.
+    resumed = {**new, "lastCheckpoint": {"step": 2, "path": "/c/2", "time": "2026-01-01T12:00:01Z"}}
+    assert compute_progress_events({**new, "lastCheckpoint": {**new["lastCheckpoint"], "time": "t"}}, resumed) == []
 
 
 def test_a_refused_status_of_an_invalid_spec_becomes_an_invalid_spec_warning_with_the_servers_words():
