@@ -199,8 +199,10 @@ def test_gang_keeps_all_members_unbound_until_all_fit(local_cluster, k8s_namespa
         assert "FailedScheduling" in reasons, reasons
 
         local_cluster.add_fake_node(nodes[2], gpus=8, labels={"ppojob.test/pool": pool})
-        # The rejected members wait in the unschedulable queue for a Pod or PodGroup event (coscheduling
-        # registers no node events) or the queue's flush, 30 s on the local cluster (cluster.py).
+        # The members Coscheduling rejected wait in the unschedulable queue for a Pod or PodGroup event
+        # (it registers no node events) or the queue's flush, 30 s on the local cluster (cluster.py):
+        # a label on the PodGroup is such an event, so they are tried again at once.
+        local_cluster.kubectl("label", "podgroup", "gang", "-n", ns, "ppojob.test/capacity=added")
         wait_until(lambda: len(bound()) == 3, 120, "all gang members to be bound once capacity appeared")
         for name in members:
             local_cluster.kubectl(
