@@ -29,6 +29,11 @@ SHM_VOLUME = "dshm"
 CHECKPOINT_VOLUME = "checkpoints"
 TRAINER_UID = 1000
 """The trainer image's user `ray` and its group (images/trainer/Dockerfile)."""
+TERMINATION_GRACE_SECONDS = 1
+"""A Ray pod's SIGTERM is lost: its PID 1 is KubeRay's `bash -c ... ray start --block`, which has no
+handler, so the kubelet's grace period only delays the SIGKILL. Meanwhile a deleted head's trainer
+trains on and writes checkpoints, and the next attempt waits for the old pods to go. Checkpoints
+are renamed into place whole, so the kill loses at most the step in progress."""
 
 
 def _resources(cpu: str, memory: str, gpus: int) -> dict[str, Any]:
@@ -86,6 +91,7 @@ def _pod_template(
         "serviceAccountName": names.service_account_name(job.name),
         "automountServiceAccountToken": role == ROLE_HEAD,
         "securityContext": _pod_security_context(),
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
         "containers": [ray_container],
         "volumes": volumes,
     }

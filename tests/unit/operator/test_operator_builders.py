@@ -62,6 +62,7 @@ def _pod(role, container, resources, *, gang_labels=None, annotations=None, sche
             "runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000,
             "fsGroupChangePolicy": "OnRootMismatch", "seccompProfile": {"type": "RuntimeDefault"},
         },
+        "terminationGracePeriodSeconds": 1,  # KubeRay's PID 1 loses the SIGTERM: only the SIGKILL counts
         "containers": [pod_container],
         "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "4Gi"}}, *(volumes or [])],
     }
