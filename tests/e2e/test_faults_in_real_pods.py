@@ -5,6 +5,7 @@ meanwhile. One job lives through all four: a job's start in real pods costs a mi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -79,11 +80,9 @@ def trainer_pid(story: Story, attempt: int) -> int:
     config = f"/tmp/ppojob-{story.job()['metadata']['uid']}-a{attempt}.yaml"
     found = []
     for proc in Path("/proc").iterdir():
-        try:
+        with contextlib.suppress(OSError):  # a process gone meanwhile
             if proc.name.isdigit() and config.encode() in (proc / "cmdline").read_bytes().split(b"\0"):
                 found.append(int(proc.name))
-        except OSError:  # gone meanwhile
-            pass
     (pid,) = found
     return pid
 
