@@ -68,6 +68,12 @@ def submission_id(job_uid: str, attempt: int) -> str:
     return f"ppojob-{job_uid}-a{attempt}"
 
 
+def trainer_config_path(job_uid: str, attempt: int) -> str:
+    """Where the attempt's entrypoint writes the trainer's config in the head container; one per
+    attempt, so its trainer process is found by this argument."""
+    return f"/tmp/{submission_id(job_uid, attempt)}.yaml"
+
+
 def job_labels(job_name: str) -> dict[str, str]:
     return {LABEL_JOB_NAME: job_label_value(job_name), LABEL_MANAGED_BY: MANAGED_BY}
 

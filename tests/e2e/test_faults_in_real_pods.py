@@ -17,6 +17,7 @@ import pytest
 from story import JOB_NAMESPACE, OPERATOR_NAMESPACE, RELEASE, Story, example_job
 
 from local_cluster import node
+from ppo_operator import names
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.slow]
 
@@ -76,8 +77,8 @@ def container_pid(story: Story, pod: str) -> int:
 
 def trainer_pid(story: Story, attempt: int) -> int:
     """The attempt's trainer process (in its head container): the one whose arguments name the
-    attempt's config file (`builders/submission.py`)."""
-    config = f"/tmp/ppojob-{story.job()['metadata']['uid']}-a{attempt}.yaml"
+    attempt's config file."""
+    config = names.trainer_config_path(story.job()["metadata"]["uid"], attempt)
     found = []
     for proc in Path("/proc").iterdir():
         with contextlib.suppress(OSError):  # a process gone meanwhile

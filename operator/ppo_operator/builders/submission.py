@@ -49,7 +49,7 @@ def dashboard_url(job: Job, attempt: int) -> str:
 
 
 def build_submission(job: Job, *, attempt: int, run_dir: str, options: BuildOptions) -> dict[str, Any]:
-    config = f"/tmp/ppojob-{job.uid}-a{attempt}.yaml"
+    config = names.trainer_config_path(job.uid, attempt)
     encoded = base64.b64encode(yaml.safe_dump(trainer_manifest(job), sort_keys=True).encode()).decode()
     args = trainer_args(config=config, run_dir=run_dir, resume=attempt > 0, options=options, address="auto")
     # Ray runs the entrypoint with /bin/sh; bash's process substitution copies the output to the
