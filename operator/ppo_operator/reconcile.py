@@ -58,6 +58,8 @@ from ppojob_api.vocabulary import LABEL_JOB_NAME, Reason
 log = logging.getLogger(__name__)
 
 PVCS = GroupResource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim")
+# The deletions a job's Events tell of (its pod groups go unannounced, with their RayCluster).
+DELETION_EVENTS = {RAYCLUSTERS: ("Normal", Reason.CLUSTER_DELETED), PODS: ("Warning", Reason.DUPLICATE_HEAD_DELETED)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -299,10 +301,9 @@ class Reconciler:
                 continue
             deleted = await self.kube.ensure_deleted(deletion.resource, job.namespace, deletion.name)
             self.note(memory, "delete", deletion.resource.kind, deletion.name)
-            if deleted and deletion.resource == RAYCLUSTERS:
-                self.post_event(job, Event("Normal", Reason.CLUSTER_DELETED.value, f"RayCluster {deletion.name} deleted: {deletion.why}"))
-            if deleted and deletion.resource == PODS:
-                self.post_event(job, Event("Warning", Reason.DUPLICATE_HEAD_DELETED.value, f"pod {deletion.name} deleted: {deletion.why}"))
+            if deleted and deletion.resource in DELETION_EVENTS:
+                kind, reason = DELETION_EVENTS[deletion.resource]
+                self.post_event(job, Event(kind, reason.value, f"{deletion.resource.kind} {deletion.name} deleted: {deletion.why}"))
         await self.launcher.stop_others(job, plan.keep_trainer)
         if plan.revoke_identity:
             for identity in (build_role_binding(job), build_role(job), build_service_account(job),

@@ -152,7 +152,7 @@ def test_a_second_head_pod_of_a_raycluster_is_deleted_and_the_job_goes_on(local_
                                                   and _statuses(local_cluster, ns)["twin"]), timeout=120, interval=1)
     assert (final["phase"], final["restarts"]) == ("Succeeded", 0), final
     (told,) = [line for line in _story(local_cluster, ns, "twin") if line.startswith("DuplicateHeadPodDeleted")]
-    assert f"pod {twin['metadata']['name']} deleted: a second head pod of RayCluster twin-a0" in told, told
+    assert f"Pod {twin['metadata']['name']} deleted: a second head pod of RayCluster twin-a0" in told, told
 
 
 def _statuses(cluster, namespace: str) -> dict[str, dict]:
