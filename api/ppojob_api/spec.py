@@ -445,12 +445,15 @@ def check_semantics(spec: PPOJobSpec) -> list[str]:
             "resources.nodes * resources.gpusPerNode must be a multiple of critic.parallelism.tensor *"
             " critic.parallelism.pipeline (each defaults to the actor's): adjust the GPU count or the parallel sizes"
         )
-    if spec.resources.gpus_per_node:
-        training_gpus = spec.resources.total_gpus - (spec.rollout.gpus if spec.placement == Placement.DISAGGREGATED else 0)
-        roles = [spec.training_role("actor")] + ([critic] if spec.critic.enabled else [])
-        for role in roles:
-            if role.data is not None and role.data * role.model_parallel_size > training_gpus:
-                problems.append(layout_does_not_fit(role.field))
+    training_gpus = spec.resources.total_gpus - (spec.rollout.gpus if spec.placement == Placement.DISAGGREGATED else 0)
+    samples = spec.rollout.batch_size * spec.rollout.samples_per_prompt
+    for role in [spec.training_role("actor")] + ([critic] if spec.critic.enabled else []):
+        if spec.resources.gpus_per_node and role.data is not None and role.data * role.model_parallel_size > training_gpus:
+            problems.append(layout_does_not_fit(role.field))
+        # Without GPUs the ranks are the trainer's --cpu-ranks, unknown here: the trainer's layout checks them.
+        data = role.data if role.data is not None else training_gpus // role.model_parallel_size if spec.resources.gpus_per_node else 1
+        if samples < data:
+            problems.append(too_few_samples(role.field))
     if ppo.schedule == Schedule.ONE_STEP_OVERLAP:
         if spec.placement != Placement.DISAGGREGATED:
             problems.append(OVERLAP_NEEDS_DISAGGREGATED)
@@ -474,6 +477,14 @@ def layout_does_not_fit(field: str) -> str:
         f"{field}.parallelism.data * tensor * pipeline ranks do not fit the training GPUs (resources.nodes *"
         f" resources.gpusPerNode, less rollout.gpus when Disaggregated): lower {field}.parallelism.data, or leave"
         " it unset to use every training GPU"
+    )
+
+
+def too_few_samples(field: str) -> str:
+    return (
+        f"a step's samples (rollout.batchSize * rollout.samplesPerPrompt) are fewer than the {field}'s data-parallel"
+        f" ranks ({field}.parallelism.data; unset, the training GPUs / (tensor * pipeline)), each of which trains on"
+        f" its own share: raise rollout.batchSize, or lower {field}.parallelism.data"
     )
 
 

@@ -95,6 +95,42 @@ def test_semantic_rules_reject_with_their_message(raw, fragment):
     assert any(fragment in p for p in problems), problems
 
 
+@pytest.mark.parametrize(
+    "raw, role",
+    [
+        ({"rollout": {"batchSize": 4}, "resources": {"gpusPerNode": 8}}, "actor"),  # 8 data ranks by default
+        ({"rollout": {"batchSize": 2}, "actor": {"parallelism": {"data": 1}}, "critic": {"parallelism": {"data": 4}},
+          "resources": {"gpusPerNode": 4}}, "critic"),
+        ({"rollout": {"batchSize": 1}, "actor": {"parallelism": {"data": 2}}, "resources": {"gpusPerNode": 0}}, "actor"),
+        ({"rollout": {"batchSize": 2, "gpus": 1}, "placement": "Disaggregated", "resources": {"gpusPerNode": 4}},
+         "actor"),  # 3 training GPUs
+    ],
+)
+def test_a_step_with_fewer_samples_than_data_parallel_ranks_is_refused_as_the_crd_refuses_it(raw, role):
+    problems = problems_of(make_spec(**raw))
+    message = (
+        f"a step's samples (rollout.batchSize * rollout.samplesPerPrompt) are fewer than the {role}'s data-parallel"
+        f" ranks ({role}.parallelism.data; unset, the training GPUs / (tensor * pipeline)), each of which trains on"
+        f" its own share: raise rollout.batchSize, or lower {role}.parallelism.data"
+    )
+    assert message in problems, problems
+    rules = yaml.safe_load(CRD.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert message in [rule.get("message") for rule in rules["x-kubernetes-validations"]]
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"rollout": {"batchSize": 4, "samplesPerPrompt": 2}, "resources": {"gpusPerNode": 8}},
+        {"rollout": {"batchSize": 4}, "resources": {"gpusPerNode": 8}, "actor": {"backend": "Megatron",
+                                                                             "parallelism": {"tensor": 2}}},
+        {"rollout": {"batchSize": 1}, "resources": {"gpusPerNode": 0}},  # the CPU ranks are the trainer's to check
+    ],
+)
+def test_a_step_with_a_sample_for_every_data_parallel_rank_passes(raw):
+    assert check_semantics(parse_spec(make_spec(**raw))) == []
+
+
 def test_a_valid_disaggregated_spec_passes():
     spec = parse_spec(make_spec(placement="Disaggregated", rollout={"gpus": 2}))
     assert check_semantics(spec) == []

@@ -60,7 +60,29 @@ def test_parallelism_the_trainer_cannot_run_is_refused_naming_the_field(fields, 
 
 def test_a_step_with_fewer_prompts_than_engines_is_refused():
     with pytest.raises(PlacementError, match=r"rollout.batchSize \(1\) is smaller than the number of rollout engines \(2\)"):
-        compute_layout(spec(rollout={"batchSize": 1}), use_gpus=True)
+        compute_layout(spec(placement="Disaggregated", rollout={"batchSize": 1, "gpus": 2}, resources={"gpusPerNode": 3}),
+                       use_gpus=True)
+
+
+@pytest.mark.parametrize(
+    ("rollout", "message"),
+    [
+        ({"batchSize": 2}, (r"a step's 2 samples \(rollout.batchSize \* samplesPerPrompt\) are fewer than the 4"
+                            r" data-parallel ranks of the actor, .* or set actor.parallelism.data to at most 2")),
+        ({"batchSize": 1, "samplesPerPrompt": 3}, "3 samples .* fewer than the 4 data-parallel ranks of the actor"),
+    ],
+)
+def test_a_step_with_fewer_samples_than_cpu_ranks_is_refused(rollout, message):
+    # The spec cannot know --cpu-ranks (parse_spec checks the GPU case); a rank without a sample
+    # would have nothing to train on, and the others would wait for it forever.
+    with pytest.raises(PlacementError, match=message):
+        compute_layout(spec(rollout=rollout, resources={"gpusPerNode": 0}), use_gpus=False, cpu_ranks=4)
+
+
+def test_a_step_with_one_sample_per_data_parallel_rank_is_placed():
+    layout = compute_layout(spec(rollout={"batchSize": 2, "samplesPerPrompt": 2}, resources={"gpusPerNode": 0}),
+                            use_gpus=False, cpu_ranks=4)
+    assert (layout.actor.data, layout.critic.data) == (4, 4)
 
 
 @pytest.mark.parametrize(("count", "ranks", "sizes"), [(8, 2, [4, 4]), (7, 3, [3, 2, 2]), (2, 2, [1, 1])])

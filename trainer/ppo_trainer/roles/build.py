@@ -161,6 +161,14 @@ def compute_layout(spec: PPOJobSpec, *, use_gpus: bool, cpu_ranks: int = 1) -> L
             f"rollout.batchSize ({spec.rollout.batch_size}) is smaller than the number of rollout engines"
             f" ({engines}), which share a step's prompts: raise it to at least {engines}"
         )
+    samples = spec.rollout.batch_size * spec.rollout.samples_per_prompt
+    for name, role in (("actor", actor), ("critic", critic)):
+        if role is not None and role.data > samples:
+            raise PlacementError(
+                f"a step's {samples} samples (rollout.batchSize * samplesPerPrompt) are fewer than the {role.data}"
+                f" data-parallel ranks of the {name}, each of which trains on its own share: raise rollout.batchSize"
+                f" to make at least {role.data} samples, or set {name}.parallelism.data to at most {samples}"
+            )
     return Layout(use_gpus, train_ranks, engines, colocate, spec.critic.enabled, actor=actor, critic=critic,
                   cuda_ipc_weights=cuda_ipc)
 
