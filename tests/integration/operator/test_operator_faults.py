@@ -148,11 +148,15 @@ def test_a_second_head_pod_of_a_raycluster_is_deleted_and_the_job_goes_on(local_
     local_cluster.kubectl("create", "-n", ns, "-f", "-", input=json.dumps(twin))
     wait_for("the second head deleted", lambda: "DuplicateHeadPodDeleted" in " ".join(_story(local_cluster, ns, "twin")),
              timeout=30, interval=0.5)
-    final = wait_for("the job finished", lambda: (_statuses(local_cluster, ns)["twin"].get("phase") in FINISHED
-                                                  and _statuses(local_cluster, ns)["twin"]), timeout=120, interval=1)
+    final = wait_for("the job finished", lambda: _finished(_statuses(local_cluster, ns)["twin"]), timeout=120, interval=1)
     assert (final["phase"], final["restarts"]) == ("Succeeded", 0), final
     (told,) = [line for line in _story(local_cluster, ns, "twin") if line.startswith("DuplicateHeadPodDeleted")]
     assert f"Pod {twin['metadata']['name']} deleted: a second head pod of RayCluster twin-a0" in told, told
+
+
+def _finished(status: dict) -> dict | None:
+    """The status once its phase is final, for `wait_for` to return."""
+    return status if status.get("phase") in FINISHED else None
 
 
 def _statuses(cluster, namespace: str) -> dict[str, dict]:
