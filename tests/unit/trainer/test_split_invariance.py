@@ -12,7 +12,6 @@ from ppo_trainer.roles.critic import CriticWorker
 from ppo_trainer.roles.handoff import CriticValues
 from ppojob_api.spec import parse_spec
 
-ROWS = 8  # the ragged_batch fixture's
 AGGREGATIONS = ["TokenMean", "SequenceMeanTokenMean", "SequenceMeanTokenSum"]
 
 
@@ -41,7 +40,7 @@ def one_step(spec, batch: RolloutBatch) -> dict[str, list[torch.Tensor]]:
     old = actor.log_probs(batch)
     ref = old + 0.1 * torch.randn(old.shape, generator=torch.Generator().manual_seed(1)) * batch.response_mask
     output, _ = critic.train(batch, old, ref, actor_data_size=1, updates=1)
-    assert isinstance(output, CriticValues) and output.sample_ids.tolist() == list(range(ROWS))
+    assert isinstance(output, CriticValues) and output.sample_ids.tolist() == list(range(batch.size))
     actor.train(batch, output, old_log_probs=old, ref_log_probs=ref)
     for role, worker in (("actor", actor), ("critic", critic)):
         grads[role].append(torch.cat([p.detach().reshape(-1) for p in worker.backend.model.parameters()]))
@@ -55,7 +54,7 @@ def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.mark.parametrize("aggregation", AGGREGATIONS)
 def test_one_step_is_the_same_for_micro_batches_of_1_4_and_the_whole_batch(aggregation, ragged_batch):
     batch = ragged_batch
-    whole = one_step(make_spec(ROWS, aggregation), batch)
+    whole = one_step(make_spec(batch.size, aggregation), batch)
     for micro_batch_size in (1, 4):
         split = one_step(make_spec(micro_batch_size, aggregation), batch)
         for role in ("actor", "critic"):
@@ -74,7 +73,7 @@ def test_one_step_is_the_same_for_micro_batches_of_1_4_and_the_whole_batch(aggre
 def test_the_aggregation_modes_give_different_updates(ragged_batch):
     """The three modes are different losses (a test that could not tell them apart would prove nothing)."""
     batch = ragged_batch
-    actor_gradients = [one_step(make_spec(ROWS, mode), batch)["actor"][0] for mode in AGGREGATIONS]
+    actor_gradients = [one_step(make_spec(batch.size, mode), batch)["actor"][0] for mode in AGGREGATIONS]
     for i in range(len(AGGREGATIONS)):
         for j in range(i):
             assert relative_difference(actor_gradients[i], actor_gradients[j]) > 1e-2
@@ -83,8 +82,8 @@ def test_the_aggregation_modes_give_different_updates(ragged_batch):
 def test_truncated_importance_sampling_changes_the_update_and_stays_split_invariant(ragged_batch):
     batch = ragged_batch
     tis = {"rolloutCorrection": {"type": "TruncatedImportanceSampling", "cap": 2.0}}
-    plain = one_step(make_spec(ROWS, "TokenMean"), batch)["actor"][0]
-    whole = one_step(make_spec(ROWS, "TokenMean", **tis), batch)["actor"]
+    plain = one_step(make_spec(batch.size, "TokenMean"), batch)["actor"][0]
+    whole = one_step(make_spec(batch.size, "TokenMean", **tis), batch)["actor"]
     split = one_step(make_spec(1, "TokenMean", **tis), batch)["actor"]
     assert relative_difference(whole[0], plain) > 1e-2
     for index, (got, expected) in enumerate(zip(split[:-1], whole[:-1], strict=True)):
