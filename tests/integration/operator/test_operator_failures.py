@@ -40,8 +40,9 @@ def test_sigkill_between_pod_group_and_raycluster_then_restart_makes_one_of_each
 def test_a_gang_that_cannot_be_placed_fails_in_time_and_holds_no_gpus(local_cluster, k8s_namespace, start_operator):
     ns = k8s_namespace
     start_operator()
-    # 5 workers x 8 GPUs on 4 nodes of 8: the gang can never fit.
-    apply(local_cluster, ns, tiny_manifest(resources={"nodes": 5}, scheduling={"scheduleTimeoutSeconds": 15}))
+    # 5 workers x 8 GPUs on 4 nodes of 8: the gang can never fit (a sample for each of its 40 data ranks).
+    apply(local_cluster, ns, tiny_manifest(resources={"nodes": 5}, rollout={"batchSize": 40},
+                                           scheduling={"scheduleTimeoutSeconds": 15}))
     scheduling = wait_phase(local_cluster, ns, "tiny", "Scheduling", timeout=60)
     assert condition(scheduling, "GangScheduled")["reason"] == "GangPending"
     job = wait_phase(local_cluster, ns, "tiny", "Failed", timeout=60)
