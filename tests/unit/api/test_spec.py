@@ -27,6 +27,12 @@ def make_spec(**sections):
     return raw
 
 
+def crd_rule_messages() -> list[str]:
+    """The messages of the CRD's CEL rules on spec, which the API server returns."""
+    spec = yaml.safe_load(CRD.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    return [rule.get("message") for rule in spec["x-kubernetes-validations"]]
+
+
 def problems_of(raw) -> list[str]:
     with pytest.raises(SpecError) as info:
         parse_spec(raw)
@@ -114,8 +120,7 @@ def test_a_step_with_fewer_samples_than_data_parallel_ranks_is_refused_as_the_cr
         f" its own share: raise rollout.batchSize, or lower {role}.parallelism.data"
     )
     assert message in problems, problems
-    rules = yaml.safe_load(CRD.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    assert message in [rule.get("message") for rule in rules["x-kubernetes-validations"]]
+    assert message in crd_rule_messages()
 
 
 @pytest.mark.parametrize(
@@ -176,8 +181,7 @@ DISAGGREGATED = {"placement": "Disaggregated", "rollout": {"gpus": 1}, "offload"
 def test_one_step_overlap_refuses_what_it_cannot_honour_with_the_crd_rules_message(raw, message):
     assert problems_of(make_spec(**raw)) == [message]
     # The CRD states the same rule in CEL, with the same message for the API server to return.
-    rules = yaml.safe_load(CRD.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    assert message in [rule.get("message") for rule in rules["x-kubernetes-validations"]]
+    assert message in crd_rule_messages()
 
 
 def test_one_step_overlap_on_colocate_names_the_placement_and_the_way_back():
