@@ -71,6 +71,11 @@ class CriticParallelism(_Model):
     data: int | None = Field(None, ge=1)
     """Defaults to actor.parallelism.data."""
 
+    @property
+    def is_set(self) -> bool:
+        """Whether any size is the critic's own; otherwise its layout is the actor's."""
+        return any(size is not None for size in (self.tensor, self.pipeline, self.data))
+
 
 class ModelSpec(_Model):
     path: str = "builtin:tiny"
@@ -440,14 +445,16 @@ def check_semantics(spec: PPOJobSpec) -> list[str]:
             " actor.parallelism.pipeline: adjust the GPU count or the parallel sizes"
         )
     critic = spec.training_role("critic")
-    if spec.critic.enabled and spec.resources.gpus_per_node and spec.resources.total_gpus % critic.model_parallel_size:
+    # A critic without sizes of its own has the actor's layout, which the actor's checks cover.
+    own_critic_layout = spec.critic.enabled and spec.critic.parallelism.is_set
+    if own_critic_layout and spec.resources.gpus_per_node and spec.resources.total_gpus % critic.model_parallel_size:
         problems.append(
             "resources.nodes * resources.gpusPerNode must be a multiple of critic.parallelism.tensor *"
             " critic.parallelism.pipeline (each defaults to the actor's): adjust the GPU count or the parallel sizes"
         )
     training_gpus = spec.resources.total_gpus - (spec.rollout.gpus if spec.placement == Placement.DISAGGREGATED else 0)
     samples = spec.rollout.batch_size * spec.rollout.samples_per_prompt
-    for role in [spec.training_role("actor")] + ([critic] if spec.critic.enabled else []):
+    for role in [spec.training_role("actor")] + ([critic] if own_critic_layout else []):
         if spec.resources.gpus_per_node and role.data is not None and role.data * role.model_parallel_size > training_gpus:
             problems.append(layout_does_not_fit(role.field))
         # Without GPUs the ranks are the trainer's --cpu-ranks, unknown here: the trainer's layout checks them.

@@ -302,8 +302,8 @@ class Reconciler:
             deleted = await self.kube.ensure_deleted(deletion.resource, job.namespace, deletion.name)
             self.note(memory, "delete", deletion.resource.kind, deletion.name)
             if deleted and deletion.resource in DELETION_EVENTS:
-                kind, reason = DELETION_EVENTS[deletion.resource]
-                self.post_event(job, Event(kind, reason.value, f"{deletion.resource.kind} {deletion.name} deleted: {deletion.why}"))
+                event_type, reason = DELETION_EVENTS[deletion.resource]
+                self.post_event(job, Event(event_type, reason.value, f"{deletion.resource.kind} {deletion.name} deleted: {deletion.why}"))
         await self.launcher.stop_others(job, plan.keep_trainer)
         if plan.revoke_identity:
             for identity in (build_role_binding(job), build_role(job), build_service_account(job),

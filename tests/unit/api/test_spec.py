@@ -124,6 +124,19 @@ def test_a_step_with_fewer_samples_than_data_parallel_ranks_is_refused_as_the_cr
 
 
 @pytest.mark.parametrize(
+    "raw, fragment",
+    [
+        ({"rollout": {"batchSize": 4}, "resources": {"gpusPerNode": 8}}, "are fewer than the actor's"),
+        ({"actor": {"parallelism": {"data": 2}}, "resources": {"gpusPerNode": 1}}, "lower actor.parallelism.data"),
+        ({"actor": {"parallelism": {"tensor": 3}}, "resources": {"gpusPerNode": 8}}, "multiple of actor.parallelism"),
+    ],
+)
+def test_a_critic_without_sizes_of_its_own_is_covered_by_the_actors_message_alone(raw, fragment):
+    (problem,) = problems_of(make_spec(**raw))
+    assert fragment in problem
+
+
+@pytest.mark.parametrize(
     "raw",
     [
         {"rollout": {"batchSize": 4, "samplesPerPrompt": 2}, "resources": {"gpusPerNode": 8}},
