@@ -18,11 +18,12 @@ import time
 
 from gpu_workloads import forward_flops
 
-TRAIN_METHODS = ("forward", "train", "offload", "onload")
+TRAIN_METHODS = ("forward", "train", "offload", "onload", "offload_optimizer_state")
 ENGINE_METHODS = ("generate", "sleep", "wake_up")
 WAKING = ("onload", "wake_up")
+PARKING = ("offload", "sleep", "offload_optimizer_state")
 TRANSFERS = {"offload": "to_host", "sleep": "to_host", "onload": "to_device", "wake_up": "to_device",
-             "optimizer_onload": "to_device"}
+             "optimizer_onload": "to_device", "offload_optimizer_state": "to_host"}
 """Each transfer's direction; "optimizer_onload" is the optimizer state's copy that `train` runs beside its passes."""
 
 
@@ -156,6 +157,7 @@ def summarize(processes: list[dict], *, ceiling_tflops: float | None, pinned: di
             values = [r["timing"][part] for r in generated if part in r.get("timing", {})]
             if values:
                 out[part] = sum(values) / steps
+    parked: dict[tuple[str, str], int] = {}
     gathered = [r for r in records if r["method"] == "gather_values"]
     if gathered:
         out["values_handoff_seconds"] = sum(r["seconds"] for r in gathered) / steps
@@ -166,8 +168,10 @@ def summarize(processes: list[dict], *, ceiling_tflops: float | None, pinned: di
         entry["seconds"] += r["seconds"]
         entry["copy_seconds"] += r["copy_seconds"]
         entry["calls"] += 1
-        if r["method"] in ("offload", "sleep"):
-            out["parked_bytes"][r["role"]] = max(out["parked_bytes"].get(r["role"], 0), r["bytes"])
+        if r["method"] in PARKING:  # a role's largest park of each kind: the optimizer state may leave on its own
+            parked[r["role"], r["method"]] = max(parked.get((r["role"], r["method"]), 0), r["bytes"])
+    for (role, _), size in parked.items():
+        out["parked_bytes"][role] = out["parked_bytes"].get(role, 0) + size
     for name, entry in out["transfers"].items():
         moved = entry["bytes"] * entry["calls"]
         entry["gb_per_s"] = moved / entry["copy_seconds"] / 1e9 if entry["copy_seconds"] > 0 else 0.0

@@ -225,3 +225,40 @@ def test_megatron_fused_layers_give_the_gradient_of_megatrons_own_layers(checkpo
     difference = relative_difference(fused, own)
     print(f"\n{dtype}: fused vs megatron's layers {difference:.2e}")
     assert difference < (1e-4 if dtype == "float32" else 2e-2)
+
+
+@pytest.mark.parametrize("kind, dtype", [("torch", "float32"), ("megatron", "float32"), ("megatron", "bfloat16")])
+def test_the_optimizer_state_leaves_alone_and_training_goes_on_as_if_it_had_stayed(checkpoint, kind, dtype):
+    """What the actor does before a weight sync: the optimizer state to the host, the weights staying
+    on the device (device memory falls by the bytes moved, the weights read the same); the trained
+    weights then offload and onload whole, and the next step equals that of a backend that kept it."""
+    batch = make_batch()
+
+    def loss_fn(output, rows):
+        lp = output["log_probs"]
+        return -(lp * batch.response_mask[rows].to(lp.device)).sum() / batch.response_mask.sum(), {}
+
+    spec = ModelSpec(path=str(checkpoint), dtype=dtype)
+    left, kept = make(kind, checkpoint, model_spec=spec), make(kind, checkpoint, model_spec=spec)
+    for backend in (left, kept):
+        backend.train(batch, loss_fn, micro_batch_size=2)
+    parameters = sum(p.numel() for p in left.model.parameters())
+    torch.cuda.synchronize()
+    allocated = torch.cuda.memory_allocated()
+    left.offload_optimizer_state()
+    moved = left.last_transfer
+    assert moved["direction"] == "offload" and moved["bytes"] >= 2 * 4 * parameters  # Adam's fp32 moments at least
+    assert allocated - torch.cuda.memory_allocated() >= 0.95 * moved["bytes"]
+    left.offload_optimizer_state()
+    assert left.last_transfer is moved  # already on the host: nothing moves
+    for (name, weight), (_, expected) in zip(left.named_weights(), kept.named_weights(), strict=True):
+        assert weight.is_cuda and torch.equal(weight, expected), name
+    trained = kept.forward(batch)["log_probs"]
+    left.offload()
+    left.onload()
+    assert torch.equal(left.forward(batch)["log_probs"], trained)  # the changed weights were copied, not stale
+    for backend in (left, kept):
+        backend.train(batch, loss_fn, micro_batch_size=2)
+    stepped = kept.forward(batch)["log_probs"]
+    torch.testing.assert_close(left.forward(batch)["log_probs"], stepped, atol=1e-6, rtol=0)
+    assert not torch.equal(stepped, trained)

@@ -57,6 +57,15 @@ def test_summarize_per_step_shares_of_the_ceilings():
     assert out["values_handoff_seconds"] == pytest.approx(0.003)
 
 
+def test_an_optimizer_state_parked_on_its_own_counts_beside_the_weights_parked_after_it():
+    records = [record("actor", "offload_optimizer_state", 0.8, bytes=37e9, copy_seconds=0.74),
+               record("actor", "offload", 0.2, bytes=6e9, copy_seconds=0.12)] * 2
+    out = gpu_loop_probe.summarize([{"records": records}], ceiling_tflops=None,
+                                   pinned={"to_device": 50.0, "to_host": 50.0}, steps=2)
+    assert out["parked_bytes"] == {"actor": 43e9}
+    assert out["transfers"]["actor offload_optimizer_state"]["share_of_pinned"] == pytest.approx(1.0)
+
+
 def test_summarize_averages_the_sm_clock_inside_generation_and_training_passes():
     processes = [{"records": [record("rollout", "generate", 2.0, time=12.0, tokens=1000),
                               record("actor", "train", 3.0, time=20.0, flops=1e12)]}]

@@ -117,6 +117,11 @@ class TrainBackend(Protocol):
         needs it); every pass works after it."""
         ...
 
+    def offload_optimizer_state(self) -> None:
+        """Move the optimizer state to host memory, the parameters staying on the device (all a
+        weight sync after a training pass reads); the next `train` brings it back."""
+        ...
+
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The policy's weights under the names a rollout engine expects (Hugging Face names)."""
         ...

@@ -228,9 +228,15 @@ class TorchBackend:
         self._transfer("onload")
         self.offloaded = False
 
-    def _transfer(self, direction: str) -> None:
+    def offload_optimizer_state(self) -> None:
+        """The optimizer state to host memory, the parameters and gradients staying on the device;
+        no-op when it is not there."""
+        if not self.offloaded and self._optimizer_on_device:
+            self._transfer("offload", weights=False)
+
+    def _transfer(self, direction: str, *, weights: bool = True) -> None:
         """The parameters (and gradients) through one mirror; on offload the optimizer state, when on
-        the device, through the other."""
+        the device, through the other (`weights=False`: the optimizer state alone)."""
         with torch.no_grad():
             if direction == "onload":
                 tensors, setters = self._weight_tensors()
@@ -239,7 +245,7 @@ class TorchBackend:
             else:
                 # A copy still in flight lands before its tensors move.
                 self.last_transfer = self._optimizer_copy.settle(self.last_transfer)
-                parts = [(self._weights_mirror, self._weight_tensors())]
+                parts = [(self._weights_mirror, self._weight_tensors())] if weights else []
                 if self._optimizer_on_device:
                     parts.append((self._optimizer_mirror, self._optimizer_state_tensors()))
                 records = []
@@ -250,7 +256,8 @@ class TorchBackend:
                 self._optimizer_on_device = False
                 self.last_transfer = {key: direction if key == "direction" else None if key == "path"
                                       else sum(r[key] for r in records) for key in records[0]}
-        self._changed = False
+        if weights:  # the host copies of the weights are current again
+            self._changed = False
 
     def _prepare_optimizer_state(self) -> None:
         """The optimizer state's device memory, and its copy prepared (`SideStreamCopy`); no-op when there."""

@@ -159,6 +159,10 @@ class ActorWorker(RoleWorker):
                 self.backend.train(batch, loss_fn, micro_batch_size=self.training.micro_batch_size)
                 for _ in range(ppo.epochs)
             ]
+            if stay_awake and self.offload:
+                # The weight sync reads the weights alone: the optimizer state leaves before an engine
+                # wakes beside them (Megatron's at 3B: 37 GB that would not leave room for it on 80 GB).
+                self.backend.offload_optimizer_state()
         return {**passes[-1], "policy_loss": passes[0]["policy_loss"], "kl": targets.kl}
 
     def export_weights(self) -> dict[str, torch.Tensor]:

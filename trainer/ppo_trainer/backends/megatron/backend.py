@@ -509,9 +509,16 @@ class MegatronBackend:
             self._transfer("onload")
             self.offloaded = False
 
-    def _transfer(self, direction: str) -> None:
+    def offload_optimizer_state(self) -> None:
+        """The fp32 main parameters and Adam moments to pinned host memory, the parameters and
+        gradient buffers staying on the device; no-op when they are not there."""
+        if not self.offloaded and self.optimizer is not None and self._optimizer_on_device:
+            self._transfer("offload", weights=False)
+
+    def _transfer(self, direction: str, *, weights: bool = True) -> None:
         """The copies are timed by device events ("seconds"); the rest of the call (allocating
-        and freeing device memory, waiting, emptying the cache) is "sync_seconds"."""
+        and freeing device memory, waiting, emptying the cache) is "sync_seconds". An offload
+        with `weights=False` moves the optimizer state alone."""
         parking, started = self._parking, time.perf_counter()
         parking.bytes = 0
         by_kernel = direction == "onload" and parking.wake_path.by_kernel()
@@ -520,9 +527,11 @@ class MegatronBackend:
             if direction == "offload":
                 # A copy still in flight lands before its storage is parked.
                 self.last_transfer = self._optimizer_copy.settle(self.last_transfer)
-                # Listed while on the device; onload (and `_prepare_optimizer_state`) reuse the same tensors.
-                self._weights = self._weight_tensors()
-                moving = list(self._weights)
+                moving = []
+                if weights:
+                    # Listed while on the device; onload (and `_prepare_optimizer_state`) reuse the same tensors.
+                    self._weights = self._weight_tensors()
+                    moving += self._weights
                 if self.optimizer is not None and self._optimizer_on_device:
                     self._optimizer_state = [(("optimizer", i), t, True) for i, t in enumerate(self._optimizer_tensors())]
                     moving += self._optimizer_state
@@ -538,7 +547,8 @@ class MegatronBackend:
                     parking.restore(key, tensor, keep=keep, by_kernel=by_kernel)
             end.record()
         end.synchronize()
-        self._changed = False
+        if weights:  # the host copies of the weights are current again
+            self._changed = False
         if direction == "offload":
             torch.cuda.empty_cache()
         copy_seconds = begin.elapsed_time(end) / 1e3
