@@ -3,8 +3,9 @@
 
 What a role may rely on and nothing else: forward's outputs (float32 on CPU, [B, T], zero on
 padding), one optimizer step per train (a reference has none), idempotent offload/onload that
-leave the model as it was and change no later step, a state dict that round-trips bit for bit, policy weights for the
-engines (a critic has none), and process-group attach/release around a rebuilt group.
+leave the model as it was and change no later step (the optimizer state may also leave alone), a
+state dict that round-trips bit for bit, policy weights for the engines (a critic has none), and
+process-group attach/release around a rebuilt group.
 """
 
 from __future__ import annotations
@@ -142,6 +143,26 @@ def test_sleeping_between_steps_changes_no_step(make, role):
     slept.offload()
     slept.onload()
     want, got = stayed.forward(batch), slept.forward(batch)
+    for key in want:
+        torch.testing.assert_close(got[key], want[key], atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("role", ["actor", "critic"])
+def test_the_optimizer_state_leaving_alone_keeps_every_pass_and_changes_no_step(make, role):
+    """What the actor does before a weight sync: the backend stays awake for every pass, and the
+    optimizer state comes back for the next training pass as if it had never left."""
+    left, stayed, batch = make(role), make(role), sample_batch()
+    for backend in (left, stayed):
+        backend.train(batch, loss_fn, micro_batch_size=2)
+    left.offload_optimizer_state()
+    left.offload_optimizer_state()
+    want, got = stayed.forward(batch), left.forward(batch)
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    left.offload()
+    left.onload()
+    for backend in (left, stayed):
+        backend.train(batch, loss_fn, micro_batch_size=2)
+    want, got = stayed.forward(batch), left.forward(batch)
     for key in want:
         torch.testing.assert_close(got[key], want[key], atol=1e-6, rtol=0)
 
