@@ -157,10 +157,10 @@ def summarize(processes: list[dict], *, ceiling_tflops: float | None, pinned: di
             values = [r["timing"][part] for r in generated if part in r.get("timing", {})]
             if values:
                 out[part] = sum(values) / steps
-    parked: dict[tuple[str, str], int] = {}
     gathered = [r for r in records if r["method"] == "gather_values"]
     if gathered:
         out["values_handoff_seconds"] = sum(r["seconds"] for r in gathered) / steps
+    parked: dict[tuple[str, str], int] = {}
     for r in (r for r in records if "bytes" in r and r["bytes"] > 0):
         name = f"{r['role']} {r['method']}" + (f" by {r['path']}" if r.get("path") else "")
         entry = out["transfers"].setdefault(name,

@@ -155,13 +155,17 @@ def test_kubectl_get_and_describe_while_warming_up(local_cluster, k8s_namespace,
     ],
 )
 def test_each_cel_rule_rejects_with_its_message(local_cluster, ppojob_crd, k8s_namespace, spec, message):
-    manifest = tiny_manifest("bad", **spec)
-    result = local_cluster.kubectl("apply", "-n", k8s_namespace, "-f", "-", input=yaml.safe_dump(manifest), check=False)
+    result = apply_bad(local_cluster, k8s_namespace, spec)
     assert result.returncode != 0 and message in result.stderr, result.stderr
 
 
 def test_a_critic_on_the_actors_layout_is_refused_with_the_actors_message_alone(local_cluster, ppojob_crd, k8s_namespace):
-    manifest = tiny_manifest("bad", rollout={"batchSize": 4})  # 8 GPUs, 8 data ranks for both roles
-    result = local_cluster.kubectl("apply", "-n", k8s_namespace, "-f", "-", input=yaml.safe_dump(manifest), check=False)
+    result = apply_bad(local_cluster, k8s_namespace, {"rollout": {"batchSize": 4}})  # 8 GPUs, 8 data ranks for both roles
     assert result.returncode != 0 and "are fewer than the actor's" in result.stderr, result.stderr
     assert "critic" not in result.stderr, result.stderr
+
+
+def apply_bad(local_cluster, namespace: str, spec: dict):
+    """`kubectl apply` of the tiny job with `spec`'s sections, left to fail."""
+    manifest = tiny_manifest("bad", **spec)
+    return local_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(manifest), check=False)
