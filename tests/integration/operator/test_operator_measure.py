@@ -1,6 +1,6 @@
 """Measured on the local cluster: time from apply to children created and to Running (median of
 $PPOJOB_OPERATOR_MEASURE_RUNS jobs, one after the other: 3 in `make test`, 10 for the figures in
-docs/performance.md), and the API requests the operator makes per job over a full run (counted by a
+docs/performance-operator.md), and the API requests the operator makes per job over a full run (counted by a
 proxy in front of the API server), which must stay under budget. Prints a table and writes
 $PPOJOB_OPERATOR_MEASURE (default: the test's tmp dir) as JSON."""
 
