@@ -7,10 +7,13 @@ Go build cache; "tools" for helm and KWOK, whose releases need newer k8s.io libr
 for the real node's cluster DNS (CoreDNS, with only the plugins it uses) and crictl, whose own
 requirements would otherwise raise the versions the control plane is built with.
 Binaries are built one after another (2 cores) with -trimpath and -ldflags "-s -w".
+A component whose requirements these modules cannot take is built apart (`build_apart`), in a module
+and a cache directory keyed by its own pin.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -20,7 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .pins import Pins, build_dir, load_pins
+from .pins import Pins, build_dir, cache_root, load_pins
 
 
 class BuildError(RuntimeError):
@@ -284,3 +287,48 @@ def module_dir(pins: Pins, module: str) -> Path:
             f"module {module} is not in the Go module cache ({path}); run `python -m local_cluster build --force`"
         )
     return path
+
+
+def apart_dir(name: str, version: str, recipe: str) -> Path:
+    """<cache>/cluster/<name>-<key>/ for a component built apart, keyed by its own pin and recipe only."""
+    key = hashlib.sha256(f"{version}\nrecipe={recipe}".encode()).hexdigest()[:12]
+    return cache_root() / "cluster" / f"{name}-{key}"
+
+
+def build_apart(name: str, *, module: str, version: str, package: str, root: Path, ldflags: str = "-s -w",
+                force: bool = False, out=None) -> dict:
+    """One binary built in a wrapper module and a cache directory of its own (`root`), for a component
+    whose requirements the shared modules cannot take, keyed by its own pin so that changing it
+    rebuilds neither the cluster nor makes a running one unattachable. Returns its record
+    (`root/build.json`: timings, the module's directory); at once when `root/bin/name` is there."""
+    record_file, target = root / "build.json", root / "bin" / name
+    if not force and record_file.is_file() and target.is_file():
+        if out is not None:
+            print(f"{name} {version} is cached in {target}", file=out, flush=True)
+        return json.loads(record_file.read_text())
+    src, log = root / "src", root / "build.log"
+    src.mkdir(parents=True, exist_ok=True)
+    target.parent.mkdir(exist_ok=True)
+    if out is not None:
+        print(f"building {name} {version} into {root} (log: {log})", file=out, flush=True)
+    started = time.monotonic()
+    (src / "go.mod").write_text(f"module ppojob.local/cluster-{name}\n\ngo 1.26\n\nrequire {module} {version}\n")
+    (src / "tools.go").write_text(f'//go:build tools\n\npackage tools\n\nimport _ "{package}"\n')
+    _run(["go", "mod", "tidy"], src, log)
+    tidy_s = round(time.monotonic() - started, 1)
+    tmp = target.parent / f".{name}.tmp"
+    _run(["go", "build", "-trimpath", "-ldflags", ldflags, "-o", str(tmp), package], src, log)
+    tmp.replace(target)
+    total = round(time.monotonic() - started, 1)
+    record = {
+        "version": version,
+        "timings_s": {"go mod tidy": tidy_s, name: round(total - tidy_s, 1)},
+        "total_s": total,
+        "module_dir": _go_output(["list", "-m", "-f", "{{.Dir}}", module], src).strip(),
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    record_file.write_text(json.dumps(record, indent=2) + "\n")
+    if out is not None:
+        print(f"  {'go mod tidy (' + name + ')':28s} {tidy_s:7.1f}s\n  {name:28s} {total - tidy_s:7.1f}s",
+              file=out, flush=True)
+    return record

@@ -28,6 +28,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import network_policies
+
 NODE_NAME = "real-0"
 NODE_LABEL = "ppojob.io/real-node"
 NODE_TAINT = {"key": NODE_LABEL, "value": "true", "effect": "NoSchedule"}
@@ -81,8 +83,15 @@ def _sysctl(key: str, value: str) -> None:
     Path("/proc/sys", *key.split(".")).write_text(value)
 
 
-def _iptables_has(*rule: str) -> bool:
-    return _run("iptables", "-C", *rule, check=False).returncode == 0
+def _guard(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """iptables in the table of the node's own guard chains: mangle, which the kernel traverses before
+    filter. The policy enforcer keeps its jumps first in filter's INPUT and FORWARD and accepts there
+    what a policy allows; the guards must see every packet before it."""
+    return _run("iptables", "-t", "mangle", *args, check=check)
+
+
+def _guard_has(*rule: str) -> bool:
+    return _guard("-C", *rule, check=False).returncode == 0
 
 
 def ensure_network() -> None:
@@ -99,21 +108,21 @@ def ensure_network() -> None:
     # kube-proxy's service rules need forwarding (pod -> host -> pod) and bridged traffic through iptables.
     _sysctl("net.ipv4.ip_forward", "1")
     _sysctl("net.bridge.bridge-nf-call-iptables", "1")
-    if _run("iptables", "-n", "-L", ISOLATION_CHAIN, check=False).returncode != 0:
-        _run("iptables", "-N", ISOLATION_CHAIN)
-        _run("iptables", "-A", ISOLATION_CHAIN, "-i", BRIDGE, "!", "-o", BRIDGE, "-j", "DROP")
-        _run("iptables", "-A", ISOLATION_CHAIN, "-o", BRIDGE, "!", "-i", BRIDGE, "-j", "DROP")
-    if not _iptables_has("FORWARD", "-j", ISOLATION_CHAIN):
-        _run("iptables", "-I", "FORWARD", "1", "-j", ISOLATION_CHAIN)
+    if _guard("-n", "-L", ISOLATION_CHAIN, check=False).returncode != 0:
+        _guard("-N", ISOLATION_CHAIN)
+        _guard("-A", ISOLATION_CHAIN, "-i", BRIDGE, "!", "-o", BRIDGE, "-j", "DROP")
+        _guard("-A", ISOLATION_CHAIN, "-o", BRIDGE, "!", "-i", BRIDGE, "-j", "DROP")
+    if not _guard_has("FORWARD", "-j", ISOLATION_CHAIN):
+        _guard("-I", "FORWARD", "1", "-j", ISOLATION_CHAIN)
     # The API server listens on every address so that both loopback and the bridge reach it; the
     # machine's own interfaces do not.
-    if _run("iptables", "-n", "-L", INPUT_CHAIN, check=False).returncode != 0:
-        _run("iptables", "-N", INPUT_CHAIN)
-        _run("iptables", "-A", INPUT_CHAIN, "-i", "lo", "-j", "RETURN")
-        _run("iptables", "-A", INPUT_CHAIN, "-i", BRIDGE, "-j", "RETURN")
-        _run("iptables", "-A", INPUT_CHAIN, "-p", "tcp", "--dport", str(API_SERVER_PORT), "-j", "DROP")
-    if not _iptables_has("INPUT", "-j", INPUT_CHAIN):
-        _run("iptables", "-I", "INPUT", "1", "-j", INPUT_CHAIN)
+    if _guard("-n", "-L", INPUT_CHAIN, check=False).returncode != 0:
+        _guard("-N", INPUT_CHAIN)
+        _guard("-A", INPUT_CHAIN, "-i", "lo", "-j", "RETURN")
+        _guard("-A", INPUT_CHAIN, "-i", BRIDGE, "-j", "RETURN")
+        _guard("-A", INPUT_CHAIN, "-p", "tcp", "--dport", str(API_SERVER_PORT), "-j", "DROP")
+    if not _guard_has("INPUT", "-j", INPUT_CHAIN):
+        _guard("-I", "INPUT", "1", "-j", INPUT_CHAIN)
 
 
 def remove_network() -> None:
@@ -121,10 +130,10 @@ def remove_network() -> None:
     _run("ip", "route", "delete", "blackhole", KWOK_POD_CIDR, check=False)
     _run("ip", "route", "delete", SERVICE_CIDR, check=False)
     for parent, chain in (("FORWARD", ISOLATION_CHAIN), ("INPUT", INPUT_CHAIN)):
-        while _iptables_has(parent, "-j", chain):
-            _run("iptables", "-D", parent, "-j", chain)
-        _run("iptables", "-F", chain, check=False)
-        _run("iptables", "-X", chain, check=False)
+        while _guard_has(parent, "-j", chain):
+            _guard("-D", parent, "-j", chain)
+        _guard("-F", chain, check=False)
+        _guard("-X", chain, check=False)
     _sysctl("net.ipv4.ip_forward", "0")
 
 
@@ -370,7 +379,7 @@ def _mounts_under(root: Path) -> list[str]:
 
 def clean_host(bin_dir: Path, paths: NodePaths) -> None:
     """What the node leaves on the host once its processes are gone: mounts under its folder
-    (deepest first), its cgroups, kube-proxy's rules, runc state, the bridge."""
+    (deepest first), its cgroups, kube-proxy's and the policy enforcer's rules, runc state, the bridge."""
     for _ in range(3):
         mounts = sorted(set(_mounts_under(paths.root)), key=len, reverse=True)
         if not mounts:
@@ -393,4 +402,5 @@ def clean_host(bin_dir: Path, paths: NodePaths) -> None:
     shutil.rmtree(paths.containerd / "state", ignore_errors=True)
     shutil.rmtree(paths.containerd / "runc", ignore_errors=True)
     shutil.rmtree(paths.root / "cni" / "ipam", ignore_errors=True)
+    network_policies.remove_rules()
     remove_network()
