@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1] / d) for d in ("trainer", "api")]
-from ppo_trainer.models.kernel_copy import copy_from_host
-from ppo_trainer.models.residency import pinned_empty
+from ppo_trainer.offload.host_mirror import pinned_empty
+from ppo_trainer.offload.kernel_copy import copy_from_host
 
 
 def copy_ms(device: torch.Tensor, host: torch.Tensor, *, by_kernel: bool = False) -> float:

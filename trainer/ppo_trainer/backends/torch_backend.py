@@ -2,10 +2,10 @@
 
 It implements `TrainBackend` with plain PyTorch on any device (cpu here, cuda on GPUs):
 micro-batched forward passes over the RolloutBatch layout, gradient accumulation, grad-norm
-clipping, one optimizer step per `train` call, and offload/onload as an explicit two-state
-machine (on device <-> on host) that moves parameters, gradients and optimizer state (the
-optimizer state back only when `train` needs it, in shares beside its micro-batches; nothing that did not change
-since the onload back to the host). With
+clipping, one optimizer step per `train` call, and offload/onload of its parameters, gradients and
+optimizer state, each swapped for a view of a pinned host buffer (`offload/parking.py` does the
+moving: the optimizer state back only when `train` needs it, in shares beside its micro-batches;
+nothing that did not change since the onload back to the host). With
 several data-parallel ranks (torch.distributed's default group, which roles/base.py builds while
 the role is awake) the accumulated gradients are summed over the ranks before clipping (each
 micro-batch's loss is its term of the whole batch's loss), so the ranks take identical steps,
@@ -16,7 +16,7 @@ not depend on Ray or the PPO loop, nor build process groups itself.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -35,7 +35,7 @@ from ppo_trainer.backends.base import (
 from ppo_trainer.batch import RolloutBatch
 from ppo_trainer.distributed import all_reduce_sum, sum_gradients
 from ppo_trainer.models.builtin import build_policy, build_value_model, resolve_dtype
-from ppo_trainer.models.residency import HostMirror, SideStreamCopy
+from ppo_trainer.offload.parking import Parked, Parking
 from ppo_trainer.rollout.layout import aligned_rows
 from ppojob_api.spec import ModelSpec
 
@@ -101,13 +101,17 @@ class TorchBackend:
                 weight_decay=weight_decay,
                 fused=self.device.type == "cuda",
             )
-        self.offloaded = False
-        self._changed = True  # since the last onload: the host copies are stale (none exists yet)
-        self._weights_mirror = HostMirror(device=self.device)
-        self._optimizer_mirror = HostMirror(device=self.device)
-        self._optimizer_on_device = True
-        self._optimizer_copy = SideStreamCopy(device=self.device)
-        self.last_transfer: dict[str, Any] = dict(self._weights_mirror.last_transfer)
+        self._parking = Parking(role=role, device=self.device, weights=self._parked_weights,
+                                optimizer_state=self._parked_optimizer_state if self.optimizer is not None else None)
+
+    @property
+    def offloaded(self) -> bool:
+        return self._parking.offloaded
+
+    @property
+    def last_transfer(self) -> dict[str, Any]:
+        """The latest move to or from host memory (`HostMirror.last_transfer`)."""
+        return self._parking.last_transfer
 
     # ----- passes -----------------------------------------------------------------------------
 
@@ -145,17 +149,17 @@ class TorchBackend:
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
         self.model.train()
-        self._changed = True
-        self._prepare_optimizer_state()
+        self._parking.written()
+        self._parking.bring_optimizer_state()
         self.optimizer.zero_grad(set_to_none=True)
         parts: list[dict[str, torch.Tensor]] = []
         micro_batches = torch.arange(batch.size).split(micro_batch_size)
-        self._optimizer_copy.split(len(micro_batches))
+        self._parking.side.split(len(micro_batches))
         for rows in micro_batches:
             loss, stats = loss_fn(self._outputs(batch, rows, with_entropy=not self.is_value_model), rows)
             # The optimizer state's copy in parts beside the last micro-batches' backward passes,
             # each queued after the micro-batch's own host-to-device copies (the same copy engine).
-            self._optimizer_copy.advance()
+            self._parking.side.advance()
             loss.backward()
             parts.append({"loss": loss.detach(), **stats})
         sum_gradients(self.model.parameters())
@@ -163,9 +167,9 @@ class TorchBackend:
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
         finite = math.isfinite(grad_norm)
         if finite:
-            self._optimizer_copy.wait()
+            self._parking.side.wait()
             self.optimizer.step()
-        self.last_transfer = self._optimizer_copy.settle(self.last_transfer)
+        self._parking.settle()
         self.optimizer.zero_grad(set_to_none=True)
         keys, summed = summed_stats(parts, torch.device("cpu"))
         summed = all_reduce_sum(summed)
@@ -214,65 +218,23 @@ class TorchBackend:
         a turn that changed nothing (no `train`, no `load_state_dict` since the onload: a log-probs
         pass, the reference) the host copies still hold the values: nothing is copied, the device
         memory is only freed."""
-        if self.offloaded:
-            return
-        self._transfer("offload")
-        self.offloaded = True
+        self._parking.offload()
 
     def onload(self) -> None:
         """Parameters back to the device; no-op when already there. The optimizer state follows
         when `train` needs it, its copy in shares beside the micro-batches (a pass that only reads, such
         as the log-probs, never moves it)."""
-        if not self.offloaded:
-            return
-        self._transfer("onload")
-        self.offloaded = False
+        self._parking.onload()
 
     def offload_optimizer_state(self) -> None:
         """The optimizer state to host memory, the parameters and gradients staying on the device;
         no-op when it is not there."""
-        if not self.offloaded and self._optimizer_on_device:
-            self._transfer("offload", weights=False)
+        self._parking.offload_optimizer_state()
 
-    def _transfer(self, direction: str, *, weights: bool = True) -> None:
-        """The parameters (and gradients) through one mirror; on offload the optimizer state, when on
-        the device, through the other (`weights=False`: the optimizer state alone)."""
-        with torch.no_grad():
-            if direction == "onload":
-                tensors, setters = self._weight_tensors()
-                self._weights_mirror.to_device(tensors, lambda index, moved: setters[index](moved), direction=direction)
-                self.last_transfer = dict(self._weights_mirror.last_transfer)
-            else:
-                # A copy still in flight lands before its tensors move.
-                self.last_transfer = self._optimizer_copy.settle(self.last_transfer)
-                parts = [(self._weights_mirror, self._weight_tensors())] if weights else []
-                if self._optimizer_on_device:
-                    parts.append((self._optimizer_mirror, self._optimizer_state_tensors()))
-                records = []
-                for mirror, (tensors, setters) in parts:
-                    mirror.to_host(tensors, lambda index, moved, setters=setters: setters[index](moved),
-                                   direction=direction, unchanged=not self._changed)
-                    records.append(mirror.last_transfer)
-                self._optimizer_on_device = False
-                self.last_transfer = {key: direction if key == "direction" else None if key == "path"
-                                      else sum(r[key] for r in records) for key in records[0]}
-        if weights:  # the host copies of the weights are current again
-            self._changed = False
-
-    def _prepare_optimizer_state(self) -> None:
-        """The optimizer state's device memory, and its copy prepared (`SideStreamCopy`); no-op when there."""
-        if self.optimizer is None or self._optimizer_on_device:
-            return
-        tensors, setters = self._optimizer_state_tensors()
-        copy = self._optimizer_mirror.stage_on_device(tensors, lambda index, moved: setters[index](moved))
-        if copy is not None:
-            self._optimizer_copy.prepare(copy, sum(t.nbytes for t in tensors))
-        self._optimizer_on_device = True
-
-    def _weight_tensors(self) -> tuple[list[torch.Tensor], list[Callable[[torch.Tensor], None]]]:
-        """The parameters and gradients an offload moves, and for each the setter that swaps in its
-        moved copy. Functions of their own so that no loop variable outlives them: one left holding
-        a device view would keep the whole device buffer alive past the mirror's release."""
+    def _parked_weights(self) -> Parked:
+        """The parameters and gradients an offload moves, each swapped for its moved copy. Built in
+        a function of its own so that no loop variable outlives it: one left holding a device view
+        would keep the whole device buffer alive past the mirror's release."""
         tensors, setters = [], []
         for param in self.model.parameters():
             tensors.append(param.data)
@@ -280,22 +242,21 @@ class TorchBackend:
             if param.grad is not None:
                 tensors.append(param.grad)
                 setters.append(lambda t, p=param: setattr(p, "grad", t))
-        return tensors, setters
+        return Parked(tensors, put=lambda index, moved: setters[index](moved))
 
-    def _optimizer_state_tensors(self) -> tuple[list[torch.Tensor], list[Callable[[torch.Tensor], None]]]:
-        """The optimizer state's tensors and their setters (see `_weight_tensors`)."""
+    def _parked_optimizer_state(self) -> Parked:
+        """The optimizer state's tensors, each swapped for its moved copy (see `_parked_weights`)."""
         tensors, setters = [], []
         for param in self.model.parameters():
-            state = self.optimizer.state.get(param, {}) if self.optimizer is not None else {}
+            state = self.optimizer.state.get(param, {})
             for key, value in state.items():
                 if isinstance(value, torch.Tensor):
                     tensors.append(value)
                     setters.append(lambda t, s=state, k=key: s.__setitem__(k, t))
-        return tensors, setters
+        return Parked(tensors, put=lambda index, moved: setters[index](moved))
 
     def _require_on_device(self, what: str) -> None:
-        if self.offloaded:
-            raise RuntimeError(f"{what}() on an offloaded {self.role} backend; call onload() first")
+        self._parking.require_on_device(what)
 
     def attach_process_groups(self) -> None:
         """Nothing to take up: data parallelism sums gradients over the default group as it is."""
@@ -314,8 +275,8 @@ class TorchBackend:
 
     def state_dict(self) -> dict:
         """{"model": ..., "optimizer": ... or None}, every tensor a CPU copy."""
-        self._prepare_optimizer_state()
-        self.last_transfer = self._optimizer_copy.settle(self.last_transfer)
+        self._parking.bring_optimizer_state()
+        self._parking.settle()
         model = {key: value.detach().to("cpu", copy=True) for key, value in self.model.state_dict().items()}
         optimizer = cpu_copy(self.optimizer.state_dict()) if self.optimizer is not None else None
         return {"model": model, "optimizer": optimizer}
@@ -325,9 +286,9 @@ class TorchBackend:
         self._require_on_device("load_state_dict")
         if "model" not in state:
             raise ValueError("state has no 'model' entry; pass what TorchBackend.state_dict() returned")
-        self._changed = True
-        self._prepare_optimizer_state()
-        self.last_transfer = self._optimizer_copy.settle(self.last_transfer)
+        self._parking.written()
+        self._parking.bring_optimizer_state()
+        self._parking.settle()
         self.model.load_state_dict(state["model"])
         if self.optimizer is not None and state.get("optimizer") is not None:
             self.optimizer.load_state_dict(state["optimizer"])

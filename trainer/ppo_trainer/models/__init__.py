@@ -12,7 +12,6 @@ from ppo_trainer.models.builtin import (
     resolve_dtype,
     tiny_config,
 )
-from ppo_trainer.models.residency import HostMirror
 from ppo_trainer.models.smollm import ensure_smollm2, find_gguf, smollm2_dir
 from ppo_trainer.models.sources import BUILTINS, SMOLLM2, TINY, TINY_NARROW, resolve_model_dir
 from ppo_trainer.models.tokenizer import (
@@ -31,7 +30,6 @@ __all__ = [
     "TINY_NARROW",
     "ByteTokenizer",
     "HFTokenizer",
-    "HostMirror",
     "Tokenizer",
     "ValueModel",
     "build_policy",

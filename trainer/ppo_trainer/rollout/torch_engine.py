@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 
 from ppo_trainer.models.builtin import build_policy
-from ppo_trainer.models.residency import HostMirror
 from ppo_trainer.models.tokenizer import load_tokenizer
+from ppo_trainer.offload.host_mirror import HostMirror
 from ppo_trainer.rollout.base import Generation, SamplingParams
 from ppo_trainer.rollout.layout import left_pad, position_ids
 from ppojob_api.spec import ModelSpec

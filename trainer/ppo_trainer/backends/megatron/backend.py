@@ -12,11 +12,11 @@ so plain causal attention needs no padding mask and RoPE positions count real to
 tensor parallel 1, policy passes take the final hidden states and run the output layer,
 log-softmax and entropy only on positions of real response tokens, in chunks.
 
-Offload parks the parameter buffers, the fp32 main parameters and the Adam moments in pinned
-host buffers (allocated once, reused) and frees the device storage in place, so every view into
-a buffer (parameters, optimizer shards) stays valid; the gradient buffers are freed without a
-copy, since `train` zeroes them before use, and nothing is copied that did not change since the
-onload. Onload brings the parameters; the optimizer state comes back when `train` needs it, its
+Offload (`offload/parking.py`, in place) parks the parameter buffers, the fp32 main parameters
+and the Adam moments in pinned host buffers (allocated once, reused) and frees the device storage
+where it is, so every view into a buffer (parameters, optimizer shards) stays valid; the gradient
+buffers are freed without a copy, since `train` zeroes them before use, and nothing is copied that
+did not change since the onload. Onload brings the parameters; the optimizer state comes back when `train` needs it, its
 copy on a side stream in shares beside the micro-batches. Runs on CUDA only (megatron's RNG tracker and
 buffers). Written against the API megatron-core 0.16.1 and 0.19.2 share.
 
@@ -33,11 +33,9 @@ micro-batches and the data-parallel ranks. Must not depend on Ray or the PPO loo
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
 import socket
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -77,8 +75,7 @@ from ppo_trainer.distributed import (
     repoint_process_groups,
 )
 from ppo_trainer.models.builtin import builtin_config, resolve_dtype, resolve_model_dir
-from ppo_trainer.models.kernel_copy import WakeCopyPath, copy_from_host, path_name
-from ppo_trainer.models.residency import SideStreamCopy, pinned_empty
+from ppo_trainer.offload.parking import Parked, Parking
 from ppo_trainer.rollout.layout import aligned_rows
 from ppojob_api.spec import ModelSpec
 
@@ -174,42 +171,6 @@ def _hidden_states_out(layer: torch.nn.Module) -> Iterator[dict]:
         del layer.forward
 
 
-class _Parking:
-    """Pinned host copies of device tensors whose storage is freed in place and restored later."""
-
-    def __init__(self) -> None:
-        self.host: dict[object, torch.Tensor] = {}
-        self.sizes: dict[object, int] = {}
-        self.bytes = 0
-        self.wake_path = WakeCopyPath()
-
-    def park(self, key: object, tensor: torch.Tensor, *, keep: bool = True) -> None:
-        if keep:
-            host = self.host.get(key)
-            if host is None or host.shape != tensor.shape or host.dtype != tensor.dtype:
-                self.host.pop(key, None)
-                host = self.host[key] = pinned_empty(tensor.shape, tensor.dtype)
-            host.copy_(tensor, non_blocking=True)
-            self.bytes += tensor.nbytes
-        self.sizes[key] = tensor.untyped_storage().nbytes()
-        tensor.untyped_storage().resize_(0)
-
-    def allocate(self, key: object, tensor: torch.Tensor) -> None:
-        tensor.untyped_storage().resize_(self.sizes[key])
-
-    def restore(self, key: object, tensor: torch.Tensor, *, keep: bool = True, by_kernel: bool = False) -> None:
-        """Refill a tensor that `allocate` gave its storage back; `by_kernel` copies by
-        `kernel_copy.copy_from_host` (a path for a copy that nothing runs beside: a wake)."""
-        if keep and by_kernel:
-            copy_from_host(tensor, self.host[key])
-            self.bytes += tensor.nbytes
-        elif keep:
-            tensor.copy_(self.host[key], non_blocking=True)
-            self.bytes += tensor.nbytes
-        else:
-            tensor.zero_()
-
-
 class MegatronBackend:
     """One rank of an actor, critic or reference model on megatron-core. A "ref" backend has no optimizer.
 
@@ -296,15 +257,9 @@ class MegatronBackend:
             self._load_hf(directory)
         module = Float16Module(self.config, self.gpt) if self.half else self.gpt
         self.optimizer = None
-        self.offloaded = False
-        self._changed = True  # since the last onload: the host copies are stale (none exists yet)
         self._held_groups: dict[int, GroupKey] = {}
-        self.last_transfer: dict = {"direction": None, "bytes": 0, "seconds": 0.0, "sync_seconds": 0.0, "path": None}
-        self._parking = _Parking()
-        self._weights: list[tuple[object, torch.Tensor, bool]] = []
-        self._optimizer_state: list[tuple[object, torch.Tensor, bool]] = []
-        self._optimizer_on_device = True
-        self._optimizer_copy = SideStreamCopy(device=self.device)
+        self._parking = Parking(role=role, device=self.device, weights=self._parked_weights, in_place=True,
+                                optimizer_state=None if role == "ref" else self._parked_optimizer_state)
         if role == "ref":
             self.model = module.requires_grad_(False).eval()
             return
@@ -368,8 +323,8 @@ class MegatronBackend:
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
         self.model.train()
-        self._changed = True
-        self._prepare_optimizer_state()
+        self._parking.written()
+        self._parking.bring_optimizer_state()
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
         micro_batches = math.ceil(batch.size / micro_batch_size)
@@ -384,9 +339,9 @@ class MegatronBackend:
         # The optimizer state's copy in parts beside the last micro-batches, each queued after the
         # micro-batch's forward pass and before its outputs' host-to-device copies (the same copy
         # engine), which wait for it while the forward pass runs.
-        self._optimizer_copy.split(micro_batches)
+        self._parking.side.split(micro_batches)
         parts = self._schedule(batch, micro_batch_size, term, with_entropy=not self.is_value_model,
-                               forward_only=False, after_forward=self._optimizer_copy.advance)
+                               forward_only=False, after_forward=self._parking.side.advance)
         finalize_model_grads([self.model])  # data-parallel reduce; the two copies of a tied embedding summed
         totals: dict[str, float] = {}
         if self.last_stage:
@@ -398,9 +353,9 @@ class MegatronBackend:
             dist.broadcast_object_list(carried, src=parallel_state.get_pipeline_model_parallel_last_rank(),
                                        group=parallel_state.get_pipeline_model_parallel_group())
             totals = carried[0]
-        self._optimizer_copy.wait()
+        self._parking.side.wait()
         updated, grad_norm, _ = self.optimizer.step()
-        self.last_transfer = self._optimizer_copy.settle(self.last_transfer)
+        self._parking.settle()
         grad_norm = float(grad_norm) if grad_norm is not None else math.nan
         return {**totals, "grad_norm": grad_norm, "skipped": 0.0 if updated else 1.0}
 
@@ -493,105 +448,47 @@ class MegatronBackend:
     def _group_holders(self) -> list[object]:
         return [self.model, self.gpt, self.optimizer]
 
+    @property
+    def offloaded(self) -> bool:
+        return self._parking.offloaded
+
+    @property
+    def last_transfer(self) -> dict:
+        """The latest move to or from host memory (`HostMirror.last_transfer`)."""
+        return self._parking.last_transfer
+
     def offload(self) -> None:
         """Parameters and optimizer state to pinned host memory, gradient buffers freed; no-op when
         offloaded. After a turn that changed nothing (no `train`, no `load_state_dict` since the
         onload) the host copies still hold the values: the device storage is only freed."""
-        if not self.offloaded:
-            self._transfer("offload")
-            self.offloaded = True
+        self._parking.offload()
 
     def onload(self) -> None:
         """Parameters back on the device, gradient buffers allocated; no-op when already there. The
         fp32 main parameters and Adam moments follow when `train` needs them, their copy beside the
         micro-batches (a pass that only reads, such as the log-probs, never moves them)."""
-        if self.offloaded:
-            self._transfer("onload")
-            self.offloaded = False
+        self._parking.onload()
 
     def offload_optimizer_state(self) -> None:
         """The fp32 main parameters and Adam moments to pinned host memory, the parameters and
         gradient buffers staying on the device; no-op when they are not there."""
-        if not self.offloaded and self.optimizer is not None and self._optimizer_on_device:
-            self._transfer("offload", weights=False)
+        self._parking.offload_optimizer_state()
 
-    def _transfer(self, direction: str, *, weights: bool = True) -> None:
-        """The copies are timed by device events ("seconds"); the rest of the call (allocating
-        and freeing device memory, waiting, emptying the cache) is "sync_seconds". An offload
-        with `weights=False` moves the optimizer state alone."""
-        parking, started = self._parking, time.perf_counter()
-        parking.bytes = 0
-        by_kernel = direction == "onload" and parking.wake_path.by_kernel()
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        with torch.no_grad():
-            if direction == "offload":
-                # A copy still in flight lands before its storage is parked.
-                self.last_transfer = self._optimizer_copy.settle(self.last_transfer)
-                moving = []
-                if weights:
-                    # Listed while on the device; onload (and `_prepare_optimizer_state`) reuse the same tensors.
-                    self._weights = self._weight_tensors()
-                    moving += self._weights
-                if self.optimizer is not None and self._optimizer_on_device:
-                    self._optimizer_state = [(("optimizer", i), t, True) for i, t in enumerate(self._optimizer_tensors())]
-                    moving += self._optimizer_state
-                begin.record()
-                for key, tensor, keep in moving:
-                    parking.park(key, tensor, keep=keep and self._changed)
-                self._optimizer_on_device = False
-            else:
-                for key, tensor, _ in self._weights:
-                    parking.allocate(key, tensor)
-                begin.record()
-                for key, tensor, keep in self._weights:
-                    parking.restore(key, tensor, keep=keep, by_kernel=by_kernel)
-            end.record()
-        end.synchronize()
-        if weights:  # the host copies of the weights are current again
-            self._changed = False
-        if direction == "offload":
-            torch.cuda.empty_cache()
-        copy_seconds = begin.elapsed_time(end) / 1e3
-        self.last_transfer = {
-            "direction": direction, "bytes": parking.bytes, "seconds": copy_seconds,
-            "sync_seconds": max(0.0, time.perf_counter() - started - copy_seconds),
-            "path": path_name(by_kernel) if direction == "onload" else None,
-        }
-        if direction == "onload":
-            parking.wake_path.observe(by_kernel, parking.bytes, copy_seconds)
-
-    def _weight_tensors(self) -> list[tuple[object, torch.Tensor, bool]]:
-        """(key, tensor, keep its values) for the parameters and gradients offload moves; gradient
-        buffers are freed without a copy, since `train` zeroes them before use. Optimizer tensors
-        that are views into these buffers (fp32 models) move with them."""
+    def _parked_weights(self) -> Parked:
+        """The parameters and gradients offload parks, in place; gradient buffers are freed without
+        a copy, since `train` zeroes them before use. Optimizer tensors that are views into these
+        buffers (fp32 models) move with them."""
         if self.optimizer is None:
-            return [(("param", index), param.data, True) for index, param in enumerate(self.model.parameters())]
-        weights = []
-        for index, buffer in enumerate(self.model.buffers):
-            weights.append((("param_buffer", index), buffer.param_data, True))
-            weights.append((("grad_buffer", index), buffer.grad_data, False))
-        return weights
+            return Parked([param.data for param in self.model.parameters()])
+        tensors, keep = [], []
+        for buffer in self.model.buffers:
+            tensors += [buffer.param_data, buffer.grad_data]
+            keep += [True, False]
+        return Parked(tensors, keep=keep)
 
-    def _prepare_optimizer_state(self) -> None:
-        """The optimizer state's device storage, and its copy prepared (`SideStreamCopy`); no-op when there."""
-        if self.optimizer is None or self._optimizer_on_device:
-            return
-        parking, tensors = self._parking, self._optimizer_state
-        for key, tensor, _ in tensors:
-            parking.allocate(key, tensor)
-
-        offsets = list(itertools.accumulate((tensor.nbytes for _, tensor, _ in tensors), initial=0))
-
-        def copy(part: int, parts: int) -> int:
-            """The tensors that start in the part-th of `parts` equal shares of the bytes."""
-            share = [i for i, offset in enumerate(offsets[:-1]) if offset * parts // max(offsets[-1], 1) == part]
-            for i in share:
-                key, tensor, keep = tensors[i]
-                parking.restore(key, tensor, keep=keep)
-            return sum(tensors[i][1].nbytes for i in share)
-
-        self._optimizer_copy.prepare(copy, offsets[-1])
-        self._optimizer_on_device = True
+    def _parked_optimizer_state(self) -> Parked:
+        """The fp32 main parameters and Adam moments offload parks, in place."""
+        return Parked(list(self._optimizer_tensors()))
 
     def _optimizer_tensors(self) -> Iterator[torch.Tensor]:
         """The main parameters and optimizer state on the device that do not live in the DDP
@@ -608,8 +505,7 @@ class MegatronBackend:
                             yield value
 
     def _require_on_device(self, what: str) -> None:
-        if self.offloaded:
-            raise RuntimeError(f"{what}() on an offloaded {self.role} backend; call onload() first")
+        self._parking.require_on_device(what)
 
     # ----- weights and checkpoints --------------------------------------------------------------
 
@@ -658,8 +554,8 @@ class MegatronBackend:
         model = {n: t.detach().to("cpu", copy=True) for n, t in self._local_state().items()}
         if self.optimizer is None:
             return {"model": model, "optimizer": None}
-        self._prepare_optimizer_state()
-        self.last_transfer = self._optimizer_copy.settle(self.last_transfer)
+        self._parking.bring_optimizer_state()
+        self._parking.settle()
         optimizer = [
             {"torch": cpu_copy(inner.state_dict()),
              "main_params": [p.detach().to("cpu", copy=True) for g in inner.param_groups for p in g["params"]]}
@@ -673,9 +569,9 @@ class MegatronBackend:
         self._require_on_device("load_state_dict")
         if "model" not in state:
             raise ValueError("state has no 'model' entry; pass what MegatronBackend.state_dict() returned")
-        self._changed = True
-        self._prepare_optimizer_state()
-        self.last_transfer = self._optimizer_copy.settle(self.last_transfer)
+        self._parking.written()
+        self._parking.bring_optimizer_state()
+        self._parking.settle()
         with torch.no_grad():
             for name, tensor in self._local_state().items():
                 tensor.copy_(state["model"][name])

@@ -1,12 +1,15 @@
-"""`models/residency.py` on a CPU: a HostMirror moves nothing there, and a SideStreamCopy runs its
-copy's parts as they are queued (not when prepared), beside the last steps, each once. The GPU side: tests/gpu/test_host_mirror.py."""
+"""The offload room's movers on a CPU (`offload/host_mirror.py`, `side_stream.py`, `kernel_copy.py`): a
+HostMirror moves nothing there, and a SideStreamCopy runs its copy's parts as they are queued (not when
+prepared), beside the last steps, each once. The GPU side: tests/gpu/test_host_mirror.py."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from ppo_trainer.models.kernel_copy import WakeCopyPath, path_name
-from ppo_trainer.models.residency import HostMirror, SideStreamCopy
+from ppo_trainer.offload.host_mirror import HostMirror
+from ppo_trainer.offload.kernel_copy import WakeCopyPath, path_name
+from ppo_trainer.offload.side_stream import SideStreamCopy
 
 
 def test_a_side_stream_copy_goes_in_parts_beside_the_last_steps_each_once_on_a_cpu():
@@ -72,3 +75,25 @@ def test_a_small_wake_teaches_the_path_nothing():
     assert path.by_kernel()  # the cores are still untried
     path.observe(True, WakeCopyPath.MIN_BYTES, 1.0)
     assert not path.by_kernel()
+
+
+def test_an_in_place_host_mirror_on_a_cpu_leaves_the_tensors_where_they_are():
+    tensor = torch.ones(3)
+    mirror = HostMirror(device="cpu", in_place=True)
+    mirror.to_host([tensor], keep=[False])
+    assert mirror.last_transfer["bytes"] == 0 and tensor.untyped_storage().nbytes() == 12
+    assert mirror.stage_on_device() is None
+    mirror.to_device()
+    assert mirror.last_transfer["bytes"] == 0 and torch.equal(tensor, torch.ones(3))
+
+
+def test_a_host_mirror_refuses_the_other_ways_arguments():
+    """Swapped: tensors and `put`, no `keep`; in place: no `put`."""
+    with pytest.raises(ValueError, match="in_place"):
+        HostMirror(device="cpu").to_host([torch.ones(1)])
+    with pytest.raises(ValueError, match="in_place"):
+        HostMirror(device="cpu").to_host([torch.ones(1)], lambda index, moved: None, keep=[True])
+    with pytest.raises(ValueError, match="in_place"):
+        HostMirror(device="cpu", in_place=True).to_host([torch.ones(1)], lambda index, moved: None)
+    with pytest.raises(ValueError, match="in_place"):
+        HostMirror(device="cpu", in_place=True).to_device([torch.ones(1)], lambda index, moved: None)
