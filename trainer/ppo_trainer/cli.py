@@ -5,7 +5,9 @@ merges a per-role YAML of critic overrides into `spec.critic`, checked by the sa
 or removed keys named with their replacement, "1e-5" read as a number). A bad config or custom
 advantage function exits with code 2 and its message, never a traceback. Ray's token
 authentication is set explicitly: a private token and temp dir per local run; on a cluster, token
-mode with the token the operator provides (RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH).
+mode with the token the operator provides (RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH). SIGTERM stops
+the run between two steps with the steps since the last checkpoint saved, exit code 143
+(`graceful_stop`); `--pid-file` tells the Ray head's preStop hook whom to send it to.
 """
 
 from __future__ import annotations
@@ -132,6 +134,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", action="store_true", help="JSON lines on stdout even on a terminal")
     parser.add_argument("--cpu-ranks", type=int, default=1, help="training ranks when there are no GPUs")
     parser.add_argument("--object-store-mb", type=int, default=1024, help="local Ray object store size")
+    parser.add_argument("--pid-file", help="write this process' pid there, for the Ray head's preStop hook "
+                        "(SIGTERM: the step in progress finishes, a checkpoint is written, exit 143)")
     return parser.parse_args(argv)
 
 
@@ -160,14 +164,22 @@ def _run(spec: PPOJobSpec, args: argparse.Namespace, *, run_dir: Path, checkpoin
     import ray
 
     from ppo_trainer.algorithms import CustomAdvantageError
+    from ppo_trainer.graceful_stop import EXIT_STOPPED, StopRequest, TrainerStopped, write_pid_file
     from ppo_trainer.metrics import StepMetrics, plot_run, summarize_run
     from ppo_trainer.train import run
 
     reporter = build_reporter(run_dir=run_dir, total_steps=spec.ppo.num_rollouts, initial=0, as_json=args.json)
+    stop = StopRequest().install()  # after ray.init, so that the handler is ours
+    if args.pid_file:
+        write_pid_file(args.pid_file)
     try:
         use_gpus = ray.cluster_resources().get("GPU", 0) > 0
         state = run(spec, reporter=reporter, checkpoint_dir=str(checkpoint_dir), resume=args.resume,
-                    use_gpus=use_gpus, cpu_ranks=args.cpu_ranks, attempt=int(os.environ.get("PPOJOB_ATTEMPT", "0")))
+                    use_gpus=use_gpus, cpu_ranks=args.cpu_ranks, attempt=int(os.environ.get("PPOJOB_ATTEMPT", "0")),
+                    stop=stop)
+    except TrainerStopped as stopped:
+        print(f"ppo-train: {stopped}", file=sys.stderr)
+        return EXIT_STOPPED
     except CustomAdvantageError as exc:
         print(f"ppo-train: {exc}", file=sys.stderr)
         return EXIT_CONFIG

@@ -11,6 +11,8 @@ engines. In warm-up steps the actor did not change, so the sync is skipped and c
 the weights the engines hold, one update behind the actor's at most) and trains next step; the
 weight sync first waits for it, since the engines take no weights mid-batch. `run`
 wires a run together (prompts, roles, resume); `critic.save` gets the critic's checkpoints too.
+A stop asked for (SIGTERM, `graceful_stop`) is taken between two steps: the steps since the last
+checkpoint are saved, then the run ends with TrainerStopped.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from ppo_trainer.checkpoint import (
     write_pending_batch,
 )
 from ppo_trainer.data import PromptSampler, load_jsonl_prompts, synthetic_prompts
+from ppo_trainer.graceful_stop import StopRequest, TrainerStopped
 from ppo_trainer.metrics import StageTimer, StepMetrics
 from ppo_trainer.progress import ProgressTracker
 from ppo_trainer.reporting import CheckpointInfo, Reporter, utc_time
@@ -46,10 +49,14 @@ SYNTHETIC_PROMPTS = 1024
 
 
 def train(spec: PPOJobSpec, *, roles: Roles, sampler: PromptSampler, state: TrainerState, status: ProgressTracker,
-          checkpoints: CheckpointManager | None, pending: Generation | None = None) -> TrainerState:
+          checkpoints: CheckpointManager | None, pending: Generation | None = None,
+          stop: StopRequest | None = None) -> TrainerState:
     ppo, critic_updates = spec.ppo, spec.critic.updates_per_actor_update
     overlap = ppo.schedule == Schedule.ONE_STEP_OVERLAP
+    saved_step = state.step  # a resumed run starts at its checkpoint's step
     for step in range(state.step, ppo.num_rollouts):
+        if stop is not None and stop.requested:  # between steps: the last one is whole, so it can be saved
+            stop_between_steps(stop, roles, checkpoints, state, sampler, status, pending, saved_step=saved_step)
         critic_only = ppo.is_critic_only_step(step)  # the warm-up: the critic learns, the actor waits
         timer = StageTimer()
         status.stage(Stage.GENERATE, state=state)
@@ -98,6 +105,7 @@ def train(spec: PPOJobSpec, *, roles: Roles, sampler: PromptSampler, state: Trai
         if checkpoints is not None and should_checkpoint(spec, state.step):
             status.stage(Stage.CHECKPOINT, state=state)
             save_checkpoint(roles, checkpoints, state, sampler, status, pending)
+            saved_step = state.step
         if should_save_critic(spec, state.step):
             status.stage(Stage.CHECKPOINT, state=state)
             save_critic(roles, CheckpointManager(spec.critic.save, keep=spec.checkpoint.keep), state)
@@ -191,6 +199,18 @@ def save_checkpoint(roles: Roles, checkpoints: CheckpointManager, state: Trainer
     status.checkpoint(step=state.step, path=str(path), seconds=time.perf_counter() - started)
 
 
+def stop_between_steps(stop: StopRequest, roles: Roles, checkpoints: CheckpointManager | None, state: TrainerState,
+                       sampler: PromptSampler, status: ProgressTracker, pending: Generation | None, *,
+                       saved_step: int) -> None:
+    """The trainer was asked to stop: the steps done since the last checkpoint are saved, then TrainerStopped."""
+    if checkpoints is not None and state.step > saved_step:
+        status.stage(Stage.CHECKPOINT, state=state)
+        save_checkpoint(roles, checkpoints, state, sampler, status, pending)
+        saved_step = state.step
+    saved = f"; checkpoint at step {saved_step}" if checkpoints is not None else "; checkpoints are off"
+    raise TrainerStopped(f"stopped by {stop.signal_name} after step {state.step}{saved}")
+
+
 def save_roles(roles: Roles, directory) -> None:
     trained = [g for g in (roles.actor, roles.critic) if g is not None]
     ray.get([ref for g in trained for ref in g.async_call(g.worker_class.save, str(directory))])
@@ -203,18 +223,19 @@ def load_prompts(spec: PPOJobSpec):
 
 
 def run(spec: PPOJobSpec, *, reporter: Reporter, checkpoint_dir: str | None, resume: bool,
-        use_gpus: bool, cpu_ranks: int = 1, attempt: int = 0) -> TrainerState:
+        use_gpus: bool, cpu_ranks: int = 1, attempt: int = 0, stop: StopRequest | None = None) -> TrainerState:
     """Place and build the roles, run the job on them, and release them."""
     layout = compute_layout(spec, use_gpus=use_gpus, cpu_ranks=cpu_ranks)
     roles = build_roles(spec, layout, timeout=spec.scheduling.schedule_timeout_seconds, checkpoint_dir=checkpoint_dir)
     try:
-        return run_on(roles, spec, reporter=reporter, checkpoint_dir=checkpoint_dir, resume=resume, attempt=attempt)
+        return run_on(roles, spec, reporter=reporter, checkpoint_dir=checkpoint_dir, resume=resume, attempt=attempt,
+                      stop=stop)
     finally:
         roles.shutdown()
 
 
 def run_on(roles: Roles, spec: PPOJobSpec, *, reporter: Reporter, checkpoint_dir: str | None,
-           resume: bool = False, attempt: int = 0) -> TrainerState:
+           resume: bool = False, attempt: int = 0, stop: StopRequest | None = None) -> TrainerState:
     """Run the job on built roles: restore the latest checkpoint when resuming, then train to the end."""
     checkpoints = CheckpointManager(checkpoint_dir, keep=spec.checkpoint.keep) if checkpoint_dir else None
     sampler = PromptSampler(load_prompts(spec), spec.rollout.batch_size, seed=spec.seed)
@@ -242,7 +263,10 @@ def run_on(roles: Roles, spec: PPOJobSpec, *, reporter: Reporter, checkpoint_dir
         roles.sync_weights(version=spec.ppo.actor_updates_before(state.step))
     try:
         return train(spec, roles=roles, sampler=sampler, state=state, status=status, checkpoints=checkpoints,
-                     pending=pending)
+                     pending=pending, stop=stop)
+    except TrainerStopped as stopped:  # not a failure: the job goes on from the checkpoint when it resumes
+        reporter.event("note", line=str(stopped))
+        raise
     except Exception as exc:
         status.finish(error=f"{type(exc).__name__}: {exc}")
         raise
