@@ -192,6 +192,8 @@ class CheckpointSpec(_Model):
     volume_claim: str | None = None
     interval: int = Field(1, ge=0)
     keep: int = Field(2, ge=1)
+    termination_grace_period_seconds: int = Field(300, ge=1, le=3600)
+    """The Ray pods' grace period: a stopped trainer finishes its step and checkpoints within it."""
 
 
 class ResourcesSpec(_Model):

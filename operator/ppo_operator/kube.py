@@ -142,9 +142,13 @@ class Kube:
                 return False
             raise
 
-    async def ensure_deleted(self, resource: GroupResource, namespace: str, name: str) -> bool:
-        """Delete with background propagation; True if deleted now, False if already gone."""
-        body = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
+    async def ensure_deleted(self, resource: GroupResource, namespace: str, name: str, *,
+                             grace_period_seconds: int | None = None) -> bool:
+        """Delete with background propagation (and this grace period, shorter than one already
+        running); True if deleted now, False if already gone."""
+        body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
+        if grace_period_seconds is not None:
+            body["gracePeriodSeconds"] = grace_period_seconds
         try:
             await self.request("DELETE", resource_path(resource, namespace, name), body)
             return True

@@ -74,6 +74,10 @@ def trainer_config_path(job_uid: str, attempt: int) -> str:
     return f"/tmp/{submission_id(job_uid, attempt)}.yaml"
 
 
+TRAINER_PID_FILE = "/tmp/ppo-trainer.pid"
+"""Where the trainer on a Ray head writes its pid (`ppo-train --pid-file`), for the head's preStop hook."""
+
+
 def job_labels(job_name: str) -> dict[str, str]:
     return {LABEL_JOB_NAME: job_label_value(job_name), LABEL_MANAGED_BY: MANAGED_BY}
 

@@ -7,7 +7,8 @@ ServiceAccount, a memory-backed /dev/shm of resources.sharedMemory for Ray's obj
 checkpoint volume when one is named, Ray's token auth with the job's token, and the `restricted`
 Pod Security Standard (non-root as the image's user, no privilege escalation, no capabilities,
 seccomp RuntimeDefault; KubeRay copies the container's securityContext to the workers'
-wait-gcs-ready init container). Only the head mounts a ServiceAccount token: the trainer's
+wait-gcs-ready init container), and a preStop hook with spec.checkpoint.terminationGracePeriodSeconds
+to run it in, so that a stopped trainer finishes its step and checkpoints. Only the head mounts a ServiceAccount token: the trainer's
 reporter, in the Ray driver on the head, is the one caller of the Kubernetes API.
 Pure; depends on the API package, `names`, `gang`, `job`.
 """
@@ -29,11 +30,17 @@ SHM_VOLUME = "dshm"
 CHECKPOINT_VOLUME = "checkpoints"
 TRAINER_UID = 1000
 """The trainer image's user `ray` and its group (images/trainer/Dockerfile)."""
-TERMINATION_GRACE_SECONDS = 1
-"""A Ray pod's SIGTERM is lost: its PID 1 is KubeRay's `bash -c ... ray start --block`, which has no
-handler, so the kubelet's grace period only delays the SIGKILL. Meanwhile a deleted head's trainer
-trains on and writes checkpoints, and the next attempt waits for the old pods to go. Checkpoints
-are renamed into place whole, so the kill loses at most the step in progress."""
+
+
+def _pre_stop(role: str) -> dict[str, Any]:
+    """A Ray pod's SIGTERM is lost (its PID 1, KubeRay's `bash -c ... ray start --block`, has no
+    handler), so its preStop hook stops it instead (`ppo_trainer.graceful_stop`): the head's sends
+    the trainer SIGTERM and waits while it finishes its step and checkpoints, a worker's waits while
+    the job's actors serve it; both then end the container, so the pod goes once the checkpoint is
+    written, within spec.checkpoint.terminationGracePeriodSeconds."""
+    command = ["python", "-m", "ppo_trainer.graceful_stop"]
+    command += ["head", "--pid-file", names.TRAINER_PID_FILE] if role == ROLE_HEAD else ["worker"]
+    return {"preStop": {"exec": {"command": command}}}
 
 
 def _resources(cpu: str, memory: str, gpus: int) -> dict[str, Any]:
@@ -84,6 +91,7 @@ def _pod_template(
         "env": _env(job, attempt),
         "volumeMounts": mounts,
         "securityContext": _container_security_context(),
+        "lifecycle": _pre_stop(role),
     }
     if spec.env_from_secret:
         ray_container["envFrom"] = [{"secretRef": {"name": spec.env_from_secret}}]
@@ -91,7 +99,7 @@ def _pod_template(
         "serviceAccountName": names.service_account_name(job.name),
         "automountServiceAccountToken": role == ROLE_HEAD,
         "securityContext": _pod_security_context(),
-        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        "terminationGracePeriodSeconds": spec.checkpoint.termination_grace_period_seconds,
         "containers": [ray_container],
         "volumes": volumes,
     }

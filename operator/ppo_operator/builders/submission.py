@@ -5,6 +5,7 @@ second POST for the same attempt is refused by Ray, so an operator restarted at 
 starts a second trainer. The spec travels inside the entrypoint (base64 of the PPOJob manifest),
 a snapshot taken when the attempt starts. The trainer's output also goes to the head container's
 own stdout (its PID 1's), so `kubectl logs` of the head shows the step lines beside Ray's job log.
+The trainer writes its pid to `names.TRAINER_PID_FILE`, where the head's preStop hook finds it.
 Pure.
 """
 
@@ -36,11 +37,20 @@ def trainer_manifest(job: Job) -> dict[str, Any]:
 
 
 def trainer_args(
-    *, config: str, run_dir: str, resume: bool, options: BuildOptions, address: str | None = None
+    *, config: str, run_dir: str, resume: bool, options: BuildOptions, address: str | None = None,
+    pid_file: str | None = None,
 ) -> list[str]:
-    """`ppo-train CONFIG [--address A] --run-dir DIR [--resume]`: later attempts resume from the checkpoint."""
+    """`ppo-train CONFIG [--address A] --run-dir DIR [--pid-file F] [--resume]`: later attempts resume
+    from the checkpoint."""
     joined = ["--address", address] if address else []
-    return [*options.trainer_command, config, *joined, "--run-dir", run_dir, *(["--resume"] if resume else [])]
+    signalled = ["--pid-file", pid_file] if pid_file else []
+    return [*options.trainer_command, config, *joined, "--run-dir", run_dir, *signalled, *(["--resume"] if resume else [])]
+
+
+def should_resume(job: Job, attempt: int) -> bool:
+    """The trainer continues from the latest checkpoint: on every attempt after the first, and on the
+    first once Kueue has evicted the job (its RayCluster, admitted again, starts the trainer again)."""
+    return attempt > 0 or bool(job.status.get("evictions"))
 
 
 def dashboard_url(job: Job, attempt: int) -> str:
@@ -51,7 +61,8 @@ def dashboard_url(job: Job, attempt: int) -> str:
 def build_submission(job: Job, *, attempt: int, run_dir: str, options: BuildOptions) -> dict[str, Any]:
     config = names.trainer_config_path(job.uid, attempt)
     encoded = base64.b64encode(yaml.safe_dump(trainer_manifest(job), sort_keys=True).encode()).decode()
-    args = trainer_args(config=config, run_dir=run_dir, resume=attempt > 0, options=options, address="auto")
+    args = trainer_args(config=config, run_dir=run_dir, resume=should_resume(job, attempt), options=options, address="auto",
+                        pid_file=names.TRAINER_PID_FILE)
     # Ray runs the entrypoint with /bin/sh; bash's process substitution copies the output to the
     # container's log while `exec` keeps the trainer's own exit status for Ray.
     mirrored = f"exec > >(tee -a {CONTAINER_LOG}) 2>&1; exec {shlex.join(args)}"

@@ -36,7 +36,8 @@ ATTEMPT0 = {**JOB_LABELS, "ppojob.io/attempt": "0"}
 OPTIONS = BuildOptions()
 
 
-def _pod(role, container, resources, *, gang_labels=None, annotations=None, scheduler="scheduler-plugins-scheduler", attempt="0", extra_spec=None, volumes=None, mounts=None, env_from=None):
+def _pod(role, container, resources, *, gang_labels=None, annotations=None, scheduler="scheduler-plugins-scheduler", attempt="0", extra_spec=None, volumes=None, mounts=None, env_from=None, grace=300):
+    stop = ["head", "--pid-file", "/tmp/ppo-trainer.pid"] if role == "head" else ["worker"]
     pod_container = {
         "name": container,
         "image": "ppojob/trainer:test",
@@ -52,6 +53,8 @@ def _pod(role, container, resources, *, gang_labels=None, annotations=None, sche
         ],
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, *(mounts or [])],
         "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        # KubeRay's PID 1 loses the SIGTERM: the hook stops the trainer with a checkpoint, then the container
+        "lifecycle": {"preStop": {"exec": {"command": ["python", "-m", "ppo_trainer.graceful_stop", *stop]}}},
     }
     if env_from:
         pod_container["envFrom"] = env_from
@@ -62,7 +65,7 @@ def _pod(role, container, resources, *, gang_labels=None, annotations=None, sche
             "runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000,
             "fsGroupChangePolicy": "OnRootMismatch", "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "terminationGracePeriodSeconds": 1,  # KubeRay's PID 1 loses the SIGTERM: only the SIGKILL counts
+        "terminationGracePeriodSeconds": grace,
         "containers": [pod_container],
         "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "4Gi"}}, *(volumes or [])],
     }
@@ -108,7 +111,8 @@ def test_build_raycluster_colocated_coscheduling_is_the_whole_object():
 
 def test_build_raycluster_disaggregated_volcano_with_volume_secret_and_placement_constraints():
     job = make_job(
-        placement="Disaggregated", rollout={"gpus": 6}, checkpoint={"volumeClaim": "ckpt", "path": "/ckpt"},
+        placement="Disaggregated", rollout={"gpus": 6},
+        checkpoint={"volumeClaim": "ckpt", "path": "/ckpt", "terminationGracePeriodSeconds": 60},
         envFromSecret="hf-token", scheduling={"gangScheduler": "Volcano", "queue": "gpu", "priorityClassName": "high"},
         resources={"nodeSelector": {"pool": "h200"}, "tolerations": [{"key": "gpu", "operator": "Exists"}]},
     )
@@ -122,6 +126,7 @@ def test_build_raycluster_disaggregated_volcano_with_volume_secret_and_placement
         "volumes": [{"name": "checkpoints", "persistentVolumeClaim": {"claimName": "ckpt"}}],
         "mounts": [{"name": "checkpoints", "mountPath": "/ckpt"}],
         "env_from": [{"secretRef": {"name": "hf-token"}}],
+        "grace": 60,
     }
     assert got == {
         "apiVersion": "ray.io/v1",
@@ -253,7 +258,7 @@ def test_build_submission_is_deterministic_per_attempt_and_resumes_after_the_fir
     assert first["submission_id"] == "ppojob-1234-abcd-a0" and second["submission_id"] == "ppojob-1234-abcd-a1"
     assert first["entrypoint"].endswith(
         "exec bash -c 'exec > >(tee -a /proc/1/fd/1) 2>&1; "
-        "exec ppo-train /tmp/ppojob-1234-abcd-a0.yaml --address auto --run-dir /checkpoints'"
+        "exec ppo-train /tmp/ppojob-1234-abcd-a0.yaml --address auto --run-dir /checkpoints --pid-file /tmp/ppo-trainer.pid'"
     ) and second["entrypoint"].endswith("--resume'")
     encoded = first["entrypoint"].split()[1]
     manifest = yaml.safe_load(base64.b64decode(encoded))

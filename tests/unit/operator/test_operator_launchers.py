@@ -179,12 +179,23 @@ RAY_TOKEN = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
 class SecretKube:
     """The API server holding each job's Ray token Secret (as created: stringData stored as base64 data)."""
 
-    def __init__(self):
+    def __init__(self, objects=None):
         self.gets: list[tuple[str, str, str]] = []
+        self.objects = objects or {}
+        """plural -> the objects a list returns."""
+        self.deleted: list[tuple[str, str, int | None]] = []
 
     async def get(self, resource, namespace, name):
         self.gets.append((resource.plural, namespace, name))
         return {"kind": "Secret", "data": {"token": base64.b64encode(RAY_TOKEN.encode()).decode()}}
+
+    async def list(self, resource, namespace, label_selector):
+        assert label_selector == "ppojob.io/job-name=tiny"
+        return self.objects.get(resource.plural, [])
+
+    async def ensure_deleted(self, resource, namespace, name, *, grace_period_seconds=None):
+        self.deleted.append((resource.plural, name, grace_period_seconds))
+        return True
 
 
 def ray_auth(handler):
@@ -245,6 +256,20 @@ def test_ray_jobs_launcher_submits_once_and_reads_the_state():
 
     asyncio.run(scenario())
 
+
+
+def test_a_deleted_jobs_ray_pods_are_deleted_with_a_1s_grace_but_not_those_of_a_new_job_of_its_name():
+    def owned(name, uid, owner):
+        return {"metadata": {"name": name, "uid": uid, "ownerReferences": [{"uid": owner}]}}
+
+    kube = SecretKube({
+        "rayclusters": [owned("tiny-a1", "rc-new", "job-new")],  # the deleted job's own cluster is gone already
+        "pods": [owned("tiny-a0-head-x", "p1", "rc-old"), owned("tiny-a0-worker-y", "p2", "rc-old"),
+                 owned("tiny-a1-head-z", "p3", "rc-new")],
+    })
+    launcher = RayJobsLauncher(kube=kube, options=BuildOptions())
+    asyncio.run(launcher.forget(make_job()))
+    assert kube.deleted == [("pods", "tiny-a0-head-x", 1), ("pods", "tiny-a0-worker-y", 1)]
 
 
 def test_ray_jobs_launcher_waits_for_a_just_started_heads_job_agent_and_no_longer():
