@@ -58,7 +58,7 @@ import gpu_loop_probe
 from gpu_workloads import MODELS
 
 from ppo_trainer.compile_cache import OVERRIDE_ENV
-from ppo_trainer.reporting import Recorder
+from ppo_trainer.reporting.reporters import Recorder
 from ppojob_api.spec import parse_spec
 
 GB = 1e9

@@ -6,12 +6,12 @@ The operator (`--launcher local`) starts, per job, the command `operator_scale.p
 (`STANDIN_COMMAND`): a shell that drops a line "namespace name attempt folder" into the spool
 directory and then sleeps, so the operator sees a live trainer process at the cost of a `sleep`.
 This process picks each line up and reports for that job exactly as the real trainer does
-(`ppo_trainer.reporting_k8s.progress_patch` of a `Progress`: a JSON merge patch of the job's
+(`ppo_trainer.reporting.kubernetes.progress_patch` of a `Progress`: a JSON merge patch of the job's
 progress ConfigMap, authenticated with the job's own ServiceAccount token from the kubeconfig
 the operator wrote into the folder; the operator folds it into the PPOJob's status). Its steps
 take S seconds each (the first W critic-only), then it finishes; it reports at the start, at
 each step and at the end as far as the trainer's own throttle lets it
-(`ppo_trainer.reporting_k8s.Throttle`: warm-up steps and the end at once, other steps at most one
+(`ppo_trainer.reporting.kubernetes.Throttle`: warm-up steps and the end at once, other steps at most one
 per `MIN_INTERVAL_S`, fewer while the API server is slow). Each report is logged with the
 monotonic time its PATCH returned and the phase the operator should show after it (Training after
 the last critic-only step, Succeeded after `finished`), from which the benchmark computes the
@@ -34,8 +34,8 @@ from pathlib import Path
 import aiohttp
 import yaml
 
-from ppo_trainer.reporting import Progress, utc_now
-from ppo_trainer.reporting_k8s import Throttle, progress_patch
+from ppo_trainer.reporting.kubernetes import Throttle, progress_patch
+from ppo_trainer.reporting.reporters import Progress, utc_now
 from ppojob_api.progress import MIN_INTERVAL_S, SLOWDOWN
 from ppojob_api.vocabulary import Stage, TrainResidency
 

@@ -28,8 +28,8 @@ configure_ray_auth(joining=False)
 
 import ray
 
-from ppo_trainer.metrics import StepMetrics
-from ppo_trainer.reporting import Recorder
+from ppo_trainer.reporting.metrics import StepMetrics
+from ppo_trainer.reporting.reporters import Recorder
 from ppo_trainer.train import run
 from ppojob_api.spec import parse_spec
 

@@ -121,7 +121,7 @@ def test_the_loop_runs_megatron_roles_over_two_gpus_through_ray(parallelism, tmp
     import ray
 
     from ppo_trainer.checkpoint import read_role_state
-    from ppo_trainer.reporting import Recorder
+    from ppo_trainer.reporting.reporters import Recorder
     from ppo_trainer.train import run
 
     parallel = {"parallelism": parallelism}

@@ -107,9 +107,9 @@ def start_ray(address: str | None, *, num_cpus: int, object_store_mb: int) -> No
 
 
 def build_reporter(*, run_dir: Path, total_steps: int, initial: int, as_json: bool):
-    from ppo_trainer.reporting import FanOut, JsonLinesReporter, TerminalReporter
-    from ppo_trainer.reporting_k8s import KubernetesReporter
-    from ppo_trainer.tensorboard_writer import TensorBoardReporter
+    from ppo_trainer.reporting.kubernetes import KubernetesReporter
+    from ppo_trainer.reporting.reporters import FanOut, JsonLinesReporter, TerminalReporter
+    from ppo_trainer.reporting.tensorboard import TensorBoardReporter
 
     console = (
         TerminalReporter(total_steps=total_steps, initial=initial)
@@ -165,7 +165,7 @@ def _run(spec: PPOJobSpec, args: argparse.Namespace, *, run_dir: Path, checkpoin
 
     from ppo_trainer.algorithms import CustomAdvantageError
     from ppo_trainer.graceful_stop import EXIT_STOPPED, StopRequest, TrainerStopped, write_pid_file
-    from ppo_trainer.metrics import StepMetrics, plot_run, summarize_run
+    from ppo_trainer.reporting.metrics import StepMetrics, plot_run, summarize_run
     from ppo_trainer.train import run
 
     reporter = build_reporter(run_dir=run_dir, total_steps=spec.ppo.num_rollouts, initial=0, as_json=args.json)

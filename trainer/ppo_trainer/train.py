@@ -33,9 +33,9 @@ from ppo_trainer.checkpoint import (
 )
 from ppo_trainer.data import PromptSampler, load_jsonl_prompts, synthetic_prompts
 from ppo_trainer.graceful_stop import StopRequest, TrainerStopped
-from ppo_trainer.metrics import StageTimer, StepMetrics
-from ppo_trainer.progress import ProgressTracker
-from ppo_trainer.reporting import CheckpointInfo, Reporter, utc_time
+from ppo_trainer.reporting.metrics import StageTimer, StepMetrics
+from ppo_trainer.reporting.progress import ProgressTracker
+from ppo_trainer.reporting.reporters import CheckpointInfo, Reporter, utc_time
 from ppo_trainer.roles.actor import ActorWorker
 from ppo_trainer.roles.build import Roles, build_roles, compute_layout
 from ppo_trainer.roles.critic import CriticWorker

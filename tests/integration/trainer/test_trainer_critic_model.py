@@ -8,8 +8,8 @@ import torch
 from conftest import tiny_spec
 
 from ppo_trainer.checkpoint import read_role_state
-from ppo_trainer.metrics import StepMetrics, summarize_run
-from ppo_trainer.reporting import Recorder
+from ppo_trainer.reporting.metrics import StepMetrics, summarize_run
+from ppo_trainer.reporting.reporters import Recorder
 from ppo_trainer.roles.build import build_roles, compute_layout
 from ppo_trainer.train import run_on, save_roles
 

@@ -9,7 +9,7 @@ import torch
 from conftest import tiny_spec
 
 from ppo_trainer.data import synthetic_prompts
-from ppo_trainer.reporting import Recorder
+from ppo_trainer.reporting.reporters import Recorder
 from ppo_trainer.roles.actor import ActorWorker
 from ppo_trainer.roles.build import build_roles, compute_layout
 from ppo_trainer.roles.critic import CriticWorker

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from conftest import tiny_spec
 
-from ppo_trainer.metrics import StepMetrics, summarize_run
-from ppo_trainer.reporting import Recorder
+from ppo_trainer.reporting.metrics import StepMetrics, summarize_run
+from ppo_trainer.reporting.reporters import Recorder
 from ppo_trainer.train import run_on
 
 STEPS = 24

@@ -7,7 +7,7 @@ import pytest
 import ray
 from conftest import tiny_spec
 
-from ppo_trainer.reporting import Recorder
+from ppo_trainer.reporting.reporters import Recorder
 from ppo_trainer.roles.build import build_roles, compute_layout
 from ppo_trainer.roles.link import RayWorkerTarget
 from ppo_trainer.train import run_on

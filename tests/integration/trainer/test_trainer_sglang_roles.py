@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import tiny_spec
 
-from ppo_trainer.reporting import Recorder
+from ppo_trainer.reporting.reporters import Recorder
 from ppo_trainer.roles.build import PlacementError, build_roles, compute_layout
 from ppo_trainer.rollout.base import SamplingParams
 from ppo_trainer.rollout.sglang.client import RolloutServerError, SGLangClient

@@ -6,9 +6,9 @@ import pytest
 from conftest import tiny_spec
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from ppo_trainer.metrics import StepMetrics
-from ppo_trainer.reporting import FanOut, Recorder
-from ppo_trainer.tensorboard_writer import TensorBoardReporter
+from ppo_trainer.reporting.metrics import StepMetrics
+from ppo_trainer.reporting.reporters import FanOut, Recorder
+from ppo_trainer.reporting.tensorboard import TensorBoardReporter
 from ppo_trainer.train import run_on
 
 STEPS, WARMUP = 6, 2

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from conftest import tiny_spec
 
-from ppo_trainer.reporting import Recorder
+from ppo_trainer.reporting.reporters import Recorder
 from ppo_trainer.train import run_on
 
 

@@ -4,7 +4,7 @@ import operator_scale_stats as stats
 import pytest
 from operator_scale_standin import expected_phase, parse_registration, progress_at, snapshots
 
-from ppo_trainer.reporting_k8s import Throttle
+from ppo_trainer.reporting.kubernetes import Throttle
 
 APISERVER = """\
 # HELP apiserver_request_total [STABLE] Counter of apiserver requests

@@ -1,6 +1,6 @@
 """StepMetrics.compile_seconds: on the step's line, in TensorBoard's scalars and in the run's summary."""
 
-from ppo_trainer.metrics import StepMetrics, summarize_run
+from ppo_trainer.reporting.metrics import StepMetrics, summarize_run
 
 
 def step(index: int, compile_seconds: float | None) -> StepMetrics:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from ppo_trainer.checkpoint import TrainerState
-from ppo_trainer.metrics import StepMetrics
-from ppo_trainer.progress import ProgressTracker
-from ppo_trainer.reporting import Recorder
+from ppo_trainer.reporting.metrics import StepMetrics
+from ppo_trainer.reporting.progress import ProgressTracker
+from ppo_trainer.reporting.reporters import Recorder
 
 
 class Clock:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import yaml
 
-from ppo_trainer.reporting import CheckpointInfo, JsonLinesReporter, Progress
-from ppo_trainer.reporting_k8s import KubernetesReporter, Throttle, progress_patch
+from ppo_trainer.reporting.kubernetes import KubernetesReporter, Throttle, progress_patch
+from ppo_trainer.reporting.reporters import CheckpointInfo, JsonLinesReporter, Progress
 from ppojob_api.vocabulary import RolloutResidency, Stage, TrainResidency
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from ppo_trainer.metrics import StepMetrics
-from ppo_trainer.tensorboard_writer import TensorBoardReporter
+from ppo_trainer.reporting.metrics import StepMetrics
+from ppo_trainer.reporting.tensorboard import TensorBoardReporter
 
 
 def step_metrics(step: int, *, critic_only: bool) -> StepMetrics:

@@ -5,7 +5,7 @@ stage change first collects the roles' offload transitions (reported one by one 
 their residencies, then reports the snapshot. Each step's time is the wall time since the one
 before finished (so a checkpoint counts in the step it follows), and the steps left are priced
 from those (`estimate_remaining_seconds`). `poll` is a function, so the tracker needs no Ray
-(the loop passes `Roles.poll`). Depends on reporting, metrics and the API vocabulary.
+(the loop passes `Roles.poll`). Depends on the reporters, metrics and the API vocabulary.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from ppo_trainer.checkpoint import TrainerState
-from ppo_trainer.metrics import StepMetrics
 from ppo_trainer.offload import Transition
-from ppo_trainer.reporting import CheckpointInfo, Progress, Reporter, utc_now
+from ppo_trainer.reporting.metrics import StepMetrics
+from ppo_trainer.reporting.reporters import CheckpointInfo, Progress, Reporter, utc_now
 from ppojob_api.progress import estimate_remaining_seconds
 from ppojob_api.vocabulary import RolloutResidency, Stage, TrainResidency
 

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ppo_trainer.reporting import Progress, utc_now
+from ppo_trainer.reporting.reporters import Progress, utc_now
 from ppojob_api.progress import MAX_INTERVAL_S, MIN_INTERVAL_S, SLOWDOWN, routine_interval, urgency
 from ppojob_api.vocabulary import ENV_PROGRESS_CONFIGMAP, PROGRESS_KEY
 

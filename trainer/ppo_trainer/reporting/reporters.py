@@ -4,7 +4,7 @@ The loop builds a `Progress` snapshot (the fields of the CRD's `status.progress`
 a `Reporter` at each stage; transitions, per-step summaries and checkpoints go through `event`.
 `TerminalReporter` draws a tqdm bar and one line per step, `JsonLinesReporter` writes one JSON
 object per call (to stdout when it is not a terminal, or to a file), `FanOut` sends to several.
-The Kubernetes reporter lives in `reporting_k8s.py`. Depends on the API vocabulary and tqdm
+The Kubernetes reporter lives in `kubernetes.py`. Depends on the API vocabulary and tqdm
 only; not on torch or Ray.
 """
 

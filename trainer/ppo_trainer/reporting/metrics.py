@@ -2,7 +2,7 @@
 
 `StepMetrics` is one step's record (reward, losses, KL, clip fractions, entropy, the rollout and
 training log-prob mismatch, stage times, tokens/s), and its TensorBoard scalars (`scalars`, written
-by `tensorboard_writer`); `StageTimer` measures the stages; `plot_run` draws the reward and loss
+by `tensorboard.py`); `StageTimer` measures the stages; `plot_run` draws the reward and loss
 curves with matplotlib's Agg backend (no display needed). Depends on the standard library and matplotlib
 (imported inside `plot_run`), not on torch or Ray.
 """

@@ -14,8 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ppo_trainer.metrics import StepMetrics
-from ppo_trainer.reporting import Progress
+from ppo_trainer.reporting.metrics import StepMetrics
+from ppo_trainer.reporting.reporters import Progress
 
 
 class TensorBoardReporter:
