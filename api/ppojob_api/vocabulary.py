@@ -151,7 +151,6 @@ class TrainBackend(str, enum.Enum):
 class GangScheduler(str, enum.Enum):
     COSCHEDULING = "Coscheduling"
     KUEUE = "Kueue"
-    VOLCANO = "Volcano"
     NONE = "None"
 
 

@@ -51,7 +51,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="local launcher: where trainer processes keep pid files, logs and checkpoints")
     p.add_argument("--trainer-command", default="ppo-train", help="the trainer's command before CONFIG (shell words)")
     p.add_argument("--heartbeat-timeout", type=float, default=180.0, help="seconds without a trainer report before it is lost")
-    p.add_argument("--gang-schedulers", default="Coscheduling,Kueue,Volcano,None",
+    p.add_argument("--gang-schedulers", default="Coscheduling,Kueue,None",
                    help="gang schedulers this cluster has (comma-separated); jobs asking for another fail InvalidSpec")
     p.add_argument("--scheduler-name", action="append", default=[], metavar="SCHEDULER=NAME",
                    help="schedulerName pods of a gang scheduler ask for, e.g. Coscheduling=scheduler-plugins-scheduler")

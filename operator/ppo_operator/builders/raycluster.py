@@ -2,7 +2,7 @@
 
 Head (runs the trainer, the Ray driver; no GPUs) plus a `train` worker group of resources.nodes
 pods with gpusPerNode GPUs (actor and critic share them), plus a `rollout` group in the
-Disaggregated placement. Every pod: the gang's labels/annotations and schedulerName, the job's
+Disaggregated placement. Every pod: the gang's labels and schedulerName, the job's
 ServiceAccount, a memory-backed /dev/shm of resources.sharedMemory for Ray's object store, the
 checkpoint volume when one is named, Ray's token auth with the job's token, and the `restricted`
 Pod Security Standard (non-root as the image's user, no privilege escalation, no capabilities,
@@ -114,9 +114,6 @@ def _pod_template(
     metadata: dict[str, Any] = {
         "labels": {**names.attempt_labels(job.name, attempt), LABEL_ROLE: role, **backend.pod_labels(gang)}
     }
-    annotations = backend.pod_annotations(gang)
-    if annotations:
-        metadata["annotations"] = annotations
     return {"metadata": metadata, "spec": pod_spec}
 
 

@@ -11,13 +11,11 @@ from ppo_operator.gang.base import Gang, GangBackend, GroupResource
 from ppo_operator.gang.coscheduling import CoschedulingBackend
 from ppo_operator.gang.kueue import KueueBackend
 from ppo_operator.gang.none import NoGangBackend
-from ppo_operator.gang.volcano import VolcanoBackend
 from ppojob_api.vocabulary import GangScheduler
 
 BACKENDS: dict[GangScheduler, type[GangBackend]] = {
     GangScheduler.COSCHEDULING: CoschedulingBackend,
     GangScheduler.KUEUE: KueueBackend,
-    GangScheduler.VOLCANO: VolcanoBackend,
     GangScheduler.NONE: NoGangBackend,
 }
 

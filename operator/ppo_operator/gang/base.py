@@ -1,7 +1,7 @@
 """The seam between the operator and a gang scheduler: one small interface, one module per scheduler.
 
 A backend says how a job's pods become one gang: the pod-group object to create first (or None
-when the scheduler makes its own, as Kueue does), the labels, annotations and schedulerName that
+when the scheduler makes its own, as Kueue does), the labels and schedulerName that
 make a pod join it, what goes on the RayCluster itself, and how to put the scheduler's state into
 words for a condition. Everything here is pure; no API calls. Depends on the API package only.
 """
@@ -61,9 +61,6 @@ class GangBackend(abc.ABC):
         return None
 
     def pod_labels(self, gang: Gang) -> dict[str, str]:
-        return {}
-
-    def pod_annotations(self, gang: Gang) -> dict[str, str]:
         return {}
 
     def cluster_labels(self, spec: PPOJobSpec) -> dict[str, str]:

@@ -115,7 +115,7 @@ def test_rbac_is_least_privilege(render):
     assert rules[("networking.k8s.io", "networkpolicies")] == {"create"}, "the garbage collector deletes them"
     assert rules[("ppojob.io", "ppojobs/status")] == {"get", "patch", "update"}
     assert rules[("scheduling.x-k8s.io", "podgroups")] >= {"create", "delete"}
-    assert ("scheduling.volcano.sh", "podgroups") not in rules, "only the configured gang schedulers"
+    assert ("kueue.x-k8s.io", "workloads") not in rules, "only the configured gang schedulers"
     # The API server lets the operator grant (in each trainer's Role) only what it holds itself.
     trainer = build_role(Job.from_body({"metadata": {"name": "tiny", "namespace": "team-a", "uid": "u1"}}))
     for resource, verbs in rules_of(trainer).items():
@@ -190,9 +190,9 @@ def test_the_operators_requests_get_a_priority_level_of_their_own(render):
 
 
 def test_gang_scheduler_rbac_follows_values(render):
-    role, _ = by_kind(render("gangSchedulers={Volcano,Kueue}"), "ClusterRole")
+    role, _ = by_kind(render("gangSchedulers={Kueue}"), "ClusterRole")
     rules = rules_of(role)
-    assert ("scheduling.volcano.sh", "podgroups") in rules and ("kueue.x-k8s.io", "workloads") in rules
+    assert ("kueue.x-k8s.io", "workloads") in rules
     assert ("scheduling.x-k8s.io", "podgroups") not in rules
 
 

@@ -36,7 +36,7 @@ ATTEMPT0 = {**JOB_LABELS, "ppojob.io/attempt": "0"}
 OPTIONS = BuildOptions()
 
 
-def _pod(role, container, resources, *, gang_labels=None, annotations=None, scheduler="scheduler-plugins-scheduler", attempt="0", extra_spec=None, volumes=None, mounts=None, env_from=None, grace=300):
+def _pod(role, container, resources, *, gang_labels=None, scheduler="scheduler-plugins-scheduler", attempt="0", extra_spec=None, volumes=None, mounts=None, env_from=None, grace=300):
     stop = ["head", "--pid-file", "/tmp/ppo-trainer.pid"] if role == "head" else ["worker"]
     pod_container = {
         "name": container,
@@ -74,10 +74,7 @@ def _pod(role, container, resources, *, gang_labels=None, annotations=None, sche
     spec.update(extra_spec or {})
     labels = {**JOB_LABELS, "ppojob.io/attempt": attempt, "ppojob.io/role": role}
     labels.update({"scheduling.x-k8s.io/pod-group": f"tiny-a{attempt}"} if gang_labels is None else gang_labels)
-    metadata = {"labels": labels}
-    if annotations:
-        metadata["annotations"] = annotations
-    return {"metadata": metadata, "spec": spec}
+    return {"metadata": {"labels": labels}, "spec": spec}
 
 
 HEAD_RES = {"cpu": "2", "memory": "8Gi"}
@@ -109,18 +106,18 @@ def test_build_raycluster_colocated_coscheduling_is_the_whole_object():
     }
 
 
-def test_build_raycluster_disaggregated_volcano_with_volume_secret_and_placement_constraints():
+def test_build_raycluster_disaggregated_with_volume_secret_grace_and_placement_constraints():
     job = make_job(
         placement="Disaggregated", rollout={"gpus": 6},
         checkpoint={"volumeClaim": "ckpt", "path": "/ckpt", "terminationGracePeriodSeconds": 60},
-        envFromSecret="hf-token", scheduling={"gangScheduler": "Volcano", "queue": "gpu", "priorityClassName": "high"},
+        envFromSecret="hf-token", scheduling={"priorityClassName": "high"},
         resources={"nodeSelector": {"pool": "h200"}, "tolerations": [{"key": "gpu", "operator": "Exists"}]},
     )
     spec, problem = job.parse()
     assert problem is None
-    got = build_raycluster(job, spec, attempt=3, backend=backend_for(GangScheduler.VOLCANO), options=OPTIONS)
+    got = build_raycluster(job, spec, attempt=3, backend=backend_for(GangScheduler.COSCHEDULING), options=OPTIONS)
     pod_kwargs = {
-        "gang_labels": {}, "annotations": {"scheduling.k8s.io/group-name": "tiny-a3"}, "scheduler": "volcano", "attempt": "3",
+        "attempt": "3",
         "extra_spec": {"priorityClassName": "high", "nodeSelector": {"pool": "h200"},
                     "tolerations": [{"key": "gpu", "operator": "Exists"}]},
         "volumes": [{"name": "checkpoints", "persistentVolumeClaim": {"claimName": "ckpt"}}],
@@ -176,17 +173,6 @@ def test_build_pod_group_coscheduling_counts_every_pod_and_gpu():
         "metadata": {"name": "tiny-a1", "namespace": "team-a", "labels": {**JOB_LABELS, "ppojob.io/attempt": "1"},
                      "ownerReferences": [OWNER]},
         "spec": {"minMember": 3, "scheduleTimeoutSeconds": 90, "minResources": {"nvidia.com/gpu": "8"}},
-    }
-
-
-def test_build_pod_group_volcano_names_its_queue_and_priority():
-    job = make_job(scheduling={"gangScheduler": "Volcano", "priorityClassName": "high"})
-    spec, _ = job.parse()
-    assert build_pod_group(job, spec, attempt=0, backend=backend_for(GangScheduler.VOLCANO)) == {
-        "apiVersion": "scheduling.volcano.sh/v1beta1",
-        "kind": "PodGroup",
-        "metadata": {"name": "tiny-a0", "namespace": "team-a", "labels": ATTEMPT0, "ownerReferences": [OWNER]},
-        "spec": {"minMember": 3, "queue": "default", "minResources": {"nvidia.com/gpu": "8"}, "priorityClassName": "high"},
     }
 
 
