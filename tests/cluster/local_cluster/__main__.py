@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from . import build as builder
-from . import images
+from . import images, kueue
 from .cluster import ClusterError, LocalCluster
 from .pins import default_state_dir, load_pins
 
@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "build":
             t = time.monotonic()
             record = builder.build(load_pins(), force=args.force)
+            kueue.build(load_pins(), force=args.force, out=sys.stdout)
             print(f"binaries: {builder.build_dir(load_pins()) / 'bin'}")
             if "timings_s" in record:
                 print(
