@@ -32,6 +32,7 @@ PROGRESS_KEY = "progress"
 
 class Phase(str, enum.Enum):
     PENDING = "Pending"
+    QUEUED = "Queued"  # waiting for Kueue to admit the RayCluster (first, or again after an eviction)
     SCHEDULING = "Scheduling"
     INITIALIZING = "Initializing"
     CRITIC_WARMUP = "CriticWarmup"
@@ -75,6 +76,7 @@ class RolloutResidency(str, enum.Enum):
 
 class ConditionType(str, enum.Enum):
     VALID = "Valid"  # the spec passed the checks the schema cannot make
+    ADMITTED = "Admitted"  # Kueue admitted the RayCluster's workload (its reason is Kueue's own)
     GANG_SCHEDULED = "GangScheduled"  # every pod of the job was placed together
     CLUSTER_READY = "ClusterReady"  # the RayCluster reports ready
     PODS_READY = "PodsReady"  # every pod of the running attempt is ready (its node reports)
@@ -90,6 +92,10 @@ class Reason(str, enum.Enum):
 
     CREATED = "Created"
     INVALID_SPEC = "InvalidSpec"
+    QUEUED = "Queued"
+    ADMITTED = "Admitted"
+    EVICTED = "Evicted"
+    QUEUE_CAPACITY_EXCEEDED = "QueueCapacityExceeded"
     GANG_PENDING = "GangPending"
     GANG_SCHEDULED = "GangScheduled"
     GANG_TIMEOUT = "GangScheduleTimeout"

@@ -34,7 +34,7 @@ def set_condition(
     conditions: Iterable[Mapping[str, Any]],
     type_: ConditionType,
     status: bool | str,
-    reason: Reason,
+    reason: Reason | str,
     message: str,
     *,
     now: datetime,
@@ -44,8 +44,10 @@ def set_condition(
     """The conditions with `type_` set; other conditions and their order are kept.
 
     `since` is when the flip happened, when known better than `now` (e.g. the last pod's
-    scheduling time for GangScheduled)."""
+    scheduling time for GangScheduled). `reason` is ours, or another controller's own word as it
+    gave it (Kueue's, on Admitted)."""
     value = status if isinstance(status, str) else (TRUE if status else FALSE)
+    reason_text = reason.value if isinstance(reason, Reason) else reason
     result: list[dict[str, Any]] = []
     found = False
     for condition in conditions:
@@ -58,7 +60,7 @@ def set_condition(
             {
                 "type": type_.value,
                 "status": value,
-                "reason": reason.value,
+                "reason": reason_text,
                 "message": message,
                 "lastTransitionTime": format_time(since or now) if moved else condition["lastTransitionTime"],
                 "observedGeneration": generation,
@@ -69,7 +71,7 @@ def set_condition(
             {
                 "type": type_.value,
                 "status": value,
-                "reason": reason.value,
+                "reason": reason_text,
                 "message": message,
                 "lastTransitionTime": format_time(since or now),
                 "observedGeneration": generation,

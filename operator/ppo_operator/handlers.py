@@ -29,10 +29,17 @@ import kopf
 from ppo_operator import metrics
 from ppo_operator.events import Event
 from ppo_operator.gang import GroupResource
+from ppo_operator.gang.kueue import WORKLOADS
 from ppo_operator.job import Job
 from ppo_operator.launchers import Launcher
 from ppo_operator.leadership import Leadership
-from ppo_operator.observed import summarize_pod, summarize_pod_group, summarize_raycluster, summarize_report
+from ppo_operator.observed import (
+    summarize_pod,
+    summarize_pod_group,
+    summarize_raycluster,
+    summarize_report,
+    summarize_workload,
+)
 from ppo_operator.reconcile import Children, JobGone, JobMemory, Reconciler, job_key
 from ppojob_api.vocabulary import GROUP, LABEL_JOB_NAME, PLURAL, VERSION, Reason
 
@@ -175,11 +182,15 @@ class Runtime:
             index = indices.get(index_name)
             return tuple(index.get(key, ())) if index is not None else ()
 
+        clusters = records("ppojob_rayclusters")
+        workloads = indices.get("ppojob_workloads")
         return Children(
             pods=records("ppojob_pods"),
-            clusters=records("ppojob_rayclusters"),
+            clusters=clusters,
             pod_groups=tuple(r for res in self.pod_group_resources for r in records(pod_group_index(res))),
             reports=records("ppojob_reports"),
+            workloads=() if workloads is None else tuple(
+                w for c in clusters for w in workloads.get((key[0], c.name), ())),
         )
 
 
@@ -194,9 +205,10 @@ def post_event(job: Job, event: Event) -> None:
 
 
 def register(registry: kopf.OperatorRegistry, *, pod_group_resources: Iterable[GroupResource],
-             namespaced: bool = False) -> None:
+             namespaced: bool = False, kueue: bool = False) -> None:
     """Register every handler into `registry` (pod groups only of the enabled gang schedulers).
-    `namespaced`: the operator serves the namespaces it was given, not the whole cluster."""
+    `namespaced`: the operator serves the namespaces it was given, not the whole cluster.
+    `kueue`: Kueue is enabled: its Workloads are watched too."""
     pod_group_resources = tuple(pod_group_resources)
 
     @kopf.on.startup(registry=registry, id="configure")
@@ -267,6 +279,9 @@ def register(registry: kopf.OperatorRegistry, *, pod_group_resources: Iterable[G
             _wake_parent
         )
 
+    if kueue:
+        _register_kueue(registry)
+
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="ppojob")
     async def ppojob(event: kopf.RawEvent, body: kopf.Body, namespace: str, name: str, memo: kopf.Memo,
                      **kwargs: Any) -> None:
@@ -277,6 +292,27 @@ def register(registry: kopf.OperatorRegistry, *, pod_group_resources: Iterable[G
         # The loop keeps the indices only: the other arguments hold this event's whole object.
         indices = {index_name: value for index_name, value in kwargs.items() if isinstance(value, kopf.Index)}
         runtime.jobs.seen(key, body, lambda loop: run_job(runtime, loop, key, indices))
+
+
+def _register_kueue(registry: kopf.OperatorRegistry) -> None:
+    """Kueue's Workloads carry none of the job's labels, only their RayCluster as owner: they are
+    indexed by (namespace, RayCluster), and a second index of the RayClusters finds a cluster's job."""
+
+    @kopf.index("ray.io", "v1", "rayclusters", labels=CHILD, registry=registry, id="ppojob_cluster_jobs")
+    async def ppojob_cluster_jobs(namespace: str, name: str, labels: Mapping[str, str], **_: Any):
+        return {(namespace, name): labels[LABEL_JOB_NAME]}
+
+    @kopf.index(WORKLOADS.group, WORKLOADS.version, WORKLOADS.plural, registry=registry, id="ppojob_workloads")
+    async def ppojob_workloads(namespace: str, body: kopf.Body, **_: Any):
+        record = summarize_workload(body)
+        return {(namespace, record.cluster): record} if record.cluster else None
+
+    @kopf.on.event(WORKLOADS.group, WORKLOADS.version, WORKLOADS.plural, registry=registry, id="wake_on_workload")
+    async def wake_on_workload(namespace: str, body: kopf.Body, memo: kopf.Memo, ppojob_cluster_jobs: kopf.Index,
+                               **_: Any) -> None:
+        cluster = summarize_workload(body).cluster
+        for job in ppojob_cluster_jobs.get((namespace, cluster), ()) if cluster else ():
+            memo.runtime.jobs.wake((namespace, job))
 
 
 async def _index_pod_group(namespace: str, labels: Mapping[str, str], body: kopf.Body, **_: Any):

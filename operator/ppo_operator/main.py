@@ -184,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
                             post_event=post_event, pause_after_pod_group_s=args.debug_pause_after_pod_group)
     resources = tuple(r for s in enabled if (r := backend_for(s).pod_group_resource) is not None)
     registry = kopf.OperatorRegistry()
-    handlers.register(registry, pod_group_resources=resources, namespaced=bool(args.namespace))
+    handlers.register(registry, pod_group_resources=resources, namespaced=bool(args.namespace),
+                      kueue=GangScheduler.KUEUE in enabled)
     identity, priority = peer_identity(os.environ.get("POD_NAME")), peering_priority(args.priority, os.environ.get("POD_NAME"))
     leadership = (Leadership(kube, paths=peering_paths(args.peering, args.namespace), identity=identity, priority=priority)
                   if args.peering else Leadership())

@@ -122,6 +122,61 @@ def summarize_pod_group(body: Mapping[str, Any]) -> PodGroupRecord:
 
 
 @dataclasses.dataclass(frozen=True)
+class KueueCondition:
+    """One condition of a Kueue Workload, in Kueue's own words."""
+
+    reason: str
+    message: str
+    since: datetime | None
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkloadRecord:
+    """The Kueue Workload of a RayCluster: whether and where it is admitted, or why not."""
+
+    name: str
+    cluster: str
+    """The RayCluster it was made for (its controller owner)."""
+    queue: str
+    cluster_queue: str
+    """The ClusterQueue that reserved its quota ("" while none has)."""
+    created: datetime | None
+    admitted: KueueCondition | None
+    """Its Admitted condition while True."""
+    pending: KueueCondition | None
+    """Its QuotaReserved condition while False: why Kueue does not admit it (yet)."""
+    evicted: KueueCondition | None
+    """Its Evicted condition while True: why Kueue took its admission back (preempted, ...)."""
+    uid: str = ""
+
+
+def _kueue_conditions(status: Mapping[str, Any]) -> dict[tuple[str, str], KueueCondition]:
+    return {
+        (c.get("type", ""), c.get("status", "")): KueueCondition(
+            c.get("reason", ""), c.get("message", ""), parse_time(c.get("lastTransitionTime")))
+        for c in status.get("conditions") or []
+    }
+
+
+def summarize_workload(body: Mapping[str, Any]) -> WorkloadRecord:
+    meta, status = body.get("metadata", {}), body.get("status") or {}
+    owner = next((o.get("name", "") for o in meta.get("ownerReferences") or []
+                  if o.get("kind") == "RayCluster" and o.get("controller")), "")
+    conditions = _kueue_conditions(status)
+    return WorkloadRecord(
+        name=meta.get("name", ""),
+        cluster=owner,
+        queue=(body.get("spec") or {}).get("queueName", ""),
+        cluster_queue=(status.get("admission") or {}).get("clusterQueue", ""),
+        created=parse_time(meta.get("creationTimestamp")),
+        admitted=conditions.get(("Admitted", "True")),
+        pending=conditions.get(("QuotaReserved", "False")),
+        evicted=conditions.get(("Evicted", "True")),
+        uid=meta.get("uid", ""),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
 class ReportRecord:
     """The trainer's latest report, from its progress ConfigMap."""
 
@@ -172,6 +227,8 @@ class Observed:
     pods: tuple[PodRecord, ...] = ()
     clusters: tuple[ClusterRecord, ...] = ()
     pod_groups: tuple[PodGroupRecord, ...] = ()
+    workloads: tuple[WorkloadRecord, ...] = ()
+    """Kueue's Workloads of the job's RayClusters."""
     trainer: TrainerRecord = TrainerRecord()
     reference_problem: str | None = None
     """A referenced object (volume claim, secret) that does not exist, naming the field."""
@@ -199,6 +256,9 @@ class Observed:
 
     def cluster_of(self, attempt: int) -> ClusterRecord | None:
         return next((c for c in self.clusters if c.attempt == attempt and not c.deleting), None)
+
+    def workload_of(self, cluster: str) -> WorkloadRecord | None:
+        return next((w for w in self.workloads if w.cluster == cluster), None)
 
     def pod_group_of(self, attempt: int) -> PodGroupRecord | None:
         return next((g for g in self.pod_groups if g.attempt == attempt and not g.deleting), None)

@@ -26,7 +26,7 @@ from ppojob_api.vocabulary import ConditionType, Phase, Reason
 
 RAYCLUSTERS = GroupResource("ray.io", "v1", "rayclusters", "RayCluster")
 PODS = GroupResource("", "v1", "pods", "Pod")
-ACTIVE = {Phase.PENDING, Phase.SCHEDULING, Phase.INITIALIZING, Phase.CRITIC_WARMUP, Phase.TRAINING, Phase.RESTARTING}
+ACTIVE = {Phase.PENDING, Phase.QUEUED, Phase.SCHEDULING, Phase.INITIALIZING, Phase.CRITIC_WARMUP, Phase.TRAINING, Phase.RESTARTING}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,7 +115,8 @@ def plan_actions(
         raycluster=raycluster,
         deletions=deletions,
         launch_attempt=attempt if launch else None,
-        keep_trainer=attempt,
+        # Queued: Kueue holds the RayCluster suspended (evicted: its pods are gone), so no trainer runs.
+        keep_trainer=None if phase == Phase.QUEUED else attempt,
     )
 
 

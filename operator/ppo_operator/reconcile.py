@@ -35,6 +35,7 @@ from ppo_operator.events import (
     compute_refused_status_event,
 )
 from ppo_operator.gang import GroupResource
+from ppo_operator.gang.kueue import LOCAL_QUEUES
 from ppo_operator.job import Job
 from ppo_operator.kube import PLURALS, PPOJOBS, SECRETS, Kube, KubeError, resource_of
 from ppo_operator.launchers import Launcher
@@ -45,6 +46,7 @@ from ppo_operator.observed import (
     PodRecord,
     ReportRecord,
     TrainerRecord,
+    WorkloadRecord,
     report_of,
     summarize_pod,
     summarize_raycluster,
@@ -53,7 +55,7 @@ from ppo_operator.plan import PODS, RAYCLUSTERS, Plan, next_wakeup, plan_actions
 from ppo_operator.status import compute_status, hold_routine_progress, operator_status, status_changed, status_patch
 from ppojob_api.progress import MIN_INTERVAL_S, routine_interval
 from ppojob_api.spec import PPOJobSpec
-from ppojob_api.vocabulary import LABEL_JOB_NAME, Reason
+from ppojob_api.vocabulary import LABEL_JOB_NAME, GangScheduler, Reason
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +72,7 @@ class Children:
     clusters: tuple[ClusterRecord, ...] = ()
     pod_groups: tuple[PodGroupRecord, ...] = ()
     reports: tuple[ReportRecord, ...] = ()
+    workloads: tuple[WorkloadRecord, ...] = ()
 
 
 @dataclasses.dataclass
@@ -248,7 +251,8 @@ class Reconciler:
             memory.references_checked = attempt
         trainer = await self.launcher.observe(job, attempt) if spec is not None else TrainerRecord()
         observed = Observed(
-            pods=children.pods, clusters=children.clusters, pod_groups=children.pod_groups, trainer=trainer,
+            pods=children.pods, clusters=children.clusters, pod_groups=children.pod_groups,
+            workloads=children.workloads, trainer=trainer,
             reference_problem=memory.reference_problem, identity_ready=memory.identity_ready,
         )
         if spec is not None and should_confirm_children(job, spec, observed):
@@ -265,6 +269,8 @@ class Reconciler:
             (spec.checkpoint.volume_claim, PVCS, "spec.checkpoint.volumeClaim"),
             (spec.env_from_secret, SECRETS, "spec.envFromSecret"),
         ]
+        if spec.scheduling.gang_scheduler == GangScheduler.KUEUE:  # Kueue itself would only keep it pending
+            wanted.append((spec.scheduling.queue, LOCAL_QUEUES, "spec.scheduling.queue"))
         for name, resource, field in wanted:
             if name and not await self.kube.exists(resource, job.namespace, name):
                 return f"{field}: {resource.kind} {name!r} not found in namespace {job.namespace}; create it or fix the name"

@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from ppo_operator import names
-from ppo_operator.conditions import UNKNOWN, get_condition, set_condition
+from ppo_operator.conditions import UNKNOWN, get_condition, is_true, set_condition
 from ppo_operator.decisions import (
     Policy,
     Verdict,
@@ -26,18 +26,19 @@ from ppo_operator.decisions import (
     is_deadline_exceeded,
     is_finished_by_trainer,
 )
+from ppo_operator.gang.kueue import never_fits
 from ppo_operator.job import Job, format_time, parse_time
-from ppo_operator.observed import Observed, PodRecord, TrainerState
+from ppo_operator.observed import ClusterRecord, Observed, PodRecord, TrainerState, WorkloadRecord
 from ppojob_api.progress import urgency
 from ppojob_api.spec import PPOJobSpec
 from ppojob_api.vocabulary import ConditionType, Phase, Reason
 
 OPERATOR_KEYS = (
     "phase", "reason", "message", "observedGeneration", "startTime", "completionTime",
-    "restarts", "attempt", "children", "conditions", "progress",
+    "restarts", "evictions", "attempt", "children", "conditions", "progress",
 )
 # Conditions that describe the running attempt; reset on restart, suspend and finish.
-ATTEMPT_CONDITIONS = (ConditionType.GANG_SCHEDULED, ConditionType.CLUSTER_READY, ConditionType.PODS_READY,
+ATTEMPT_CONDITIONS = (ConditionType.ADMITTED, ConditionType.GANG_SCHEDULED, ConditionType.CLUSTER_READY, ConditionType.PODS_READY,
                       ConditionType.TRAINER_RUNNING)
 
 
@@ -72,9 +73,10 @@ class _Draft:
         self.status.update(phase=phase.value, reason=reason.value, message=message)
         return self.status
 
-    def reset_attempt(self, reason: Reason, message: str, status: bool | str = UNKNOWN) -> None:
+    def reset_attempt(self, reason: Reason, message: str, status: bool | str = UNKNOWN,
+                      types: tuple[ConditionType, ...] = ATTEMPT_CONDITIONS) -> None:
         """The attempt's conditions become Unknown (a new attempt starts) or False (the job ended)."""
-        for type_ in ATTEMPT_CONDITIONS:
+        for type_ in types:
             if get_condition(self.conditions, type_) is not None:
                 self.condition(type_, status, reason, message)
 
@@ -179,6 +181,11 @@ def _attempt_status(
     attempt, backend = job.attempt, policy.backend(spec)
     draft.status["children"] = _children(job, spec, observed, policy)
     cluster = observed.cluster_of(attempt)
+    if cluster is not None and backend.cluster_suspended():
+        workload = observed.workload_of(cluster.name)
+        if cluster.suspended:
+            return _queued(draft, spec, cluster, workload)
+        _admitted(draft, spec, cluster, workload)
     gang_condition = get_condition(draft.conditions, ConditionType.GANG_SCHEDULED)
     if gang_condition is None or gang_condition.get("status") == UNKNOWN:
         # The attempt's clock for scheduling.scheduleTimeoutSeconds starts here.
@@ -222,6 +229,55 @@ def _attempt_status(
         ConditionType.TRAINER_RUNNING, True, Reason.TRAINER_STARTED, f"trainer {trainer.handle} (attempt {attempt})"
     )
     return _training_phase(draft, spec, job)
+
+
+def _queued(draft: _Draft, spec: PPOJobSpec, cluster: ClusterRecord, workload: WorkloadRecord | None) -> dict[str, Any]:
+    """Kueue holds the RayCluster suspended: not admitted yet, or admitted and then evicted (preempted),
+    when KubeRay deletes its pods. Neither is a failure nor a restart: the job waits in its queue, in
+    Kueue's words, and its attempt goes on in the same RayCluster once Kueue admits it again."""
+    queue = spec.scheduling.queue
+    evicted_now = is_true(draft.conditions, ConditionType.ADMITTED)
+    if workload is None:
+        reason, detail, since = Reason.QUEUED, (
+            f"waiting for Kueue to make the Workload of RayCluster {cluster.name}"
+            " (is Kueue running, with the ray.io/raycluster integration?)"), None
+    elif workload.evicted is not None:
+        reason, detail, since = workload.evicted.reason, f"evicted by Kueue: {workload.evicted.message}", workload.evicted.since
+    elif workload.pending is not None:
+        reason, detail, since = workload.pending.reason, workload.pending.message, workload.created
+    else:
+        reason, detail, since = Reason.QUEUED, "waiting for Kueue to consider the Workload", workload.created
+    message = f"LocalQueue {queue}: {detail}"
+    if workload is not None and workload.evicted is None and never_fits(detail):
+        return draft.finish(Phase.FAILED, Reason.QUEUE_CAPACITY_EXCEEDED, (
+            f"spec.resources: the job asks for more than the ClusterQueue of LocalQueue {queue} can ever admit"
+            f" ({detail}); ask for fewer GPUs or raise the ClusterQueue's quota"))
+    if evicted_now:
+        draft.status["evictions"] = draft.status.get("evictions", 0) + 1
+    evicted = workload is not None and workload.evicted is not None
+    # Unknown until admitted: the gang's clock (scheduling.scheduleTimeoutSeconds) starts at admission.
+    draft.reset_attempt(Reason.EVICTED if evicted else Reason.QUEUED, message, types=ATTEMPT_CONDITIONS[1:])
+    draft.condition(ConditionType.ADMITTED, False, reason, message, since=since)
+    if evicted:
+        checkpoint = (draft.job.progress.get("lastCheckpoint") or {}).get("step")
+        where = f"step {checkpoint}" if checkpoint is not None else "the start (no checkpoint yet)"
+        return draft.phase(Phase.QUEUED, Reason.EVICTED, (
+            f"{message}; not a restart: once Kueue admits RayCluster {cluster.name} again the trainer resumes from {where}"))
+    return draft.phase(Phase.QUEUED, Reason.QUEUED, message)
+
+
+def _admitted(draft: _Draft, spec: PPOJobSpec, cluster: ClusterRecord, workload: WorkloadRecord | None) -> None:
+    """Kueue unsuspended the RayCluster: the Admitted condition says when and where, in Kueue's words."""
+    if workload is None or workload.admitted is None:  # the Workload's watch is behind the RayCluster's
+        draft.condition(ConditionType.ADMITTED, True, Reason.ADMITTED, f"Kueue unsuspended RayCluster {cluster.name}")
+        return
+    queued = f", queued since {format_time(workload.created)}" if workload.created else ""
+    draft.condition(
+        ConditionType.ADMITTED, True, workload.admitted.reason,
+        f"admitted by ClusterQueue {workload.cluster_queue} through LocalQueue {spec.scheduling.queue}"
+        f" (Workload {workload.name}{queued})",
+        since=workload.admitted.since,
+    )
 
 
 def _pods_ready_condition(draft: _Draft, pods: list[PodRecord]) -> None:

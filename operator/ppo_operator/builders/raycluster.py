@@ -105,8 +105,8 @@ def _pod_template(
     }
     if backend.scheduler_name:
         pod_spec["schedulerName"] = backend.scheduler_name
-    if spec.scheduling.priority_class_name:
-        pod_spec["priorityClassName"] = spec.scheduling.priority_class_name
+    if priority_class := backend.pod_priority_class(spec):
+        pod_spec["priorityClassName"] = priority_class
     if spec.resources.node_selector:
         pod_spec["nodeSelector"] = dict(spec.resources.node_selector)
     if spec.resources.tolerations:

@@ -67,6 +67,11 @@ class GangBackend(abc.ABC):
         """Labels on the RayCluster itself (Kueue's queue name)."""
         return {}
 
+    def pod_priority_class(self, spec: PPOJobSpec) -> str | None:
+        """The PriorityClass of the job's pods: spec.scheduling.priorityClassName, unless the
+        scheduler reads that name as a priority of its own."""
+        return spec.scheduling.priority_class_name
+
     def cluster_suspended(self) -> bool:
         """Create the RayCluster suspended, for a scheduler that admits it by unsuspending it."""
         return False

@@ -3,7 +3,7 @@
 For the local cluster, whose pods run no containers. The process is started in its own session,
 so it outlives an operator restart; its state lives in files under --state-dir:
 
-    <state-dir>/<namespace>/<name>-<uid>/a<attempt>/{launch.lock, pid, exit, trainer.log, ppojob.yaml, kubeconfig}
+    <state-dir>/<namespace>/<name>-<uid>/a<attempt>[e<evictions>]/{launch.lock, pid, exit, trainer.log, ppojob.yaml, kubeconfig}
     <state-dir>/<namespace>/<name>-<uid>/run/      (shared by attempts: checkpoints, so --resume works)
 
 A shell wrapper records its own pid (with its /proc start time) in `pid` before it starts the
@@ -34,7 +34,7 @@ import yaml
 from ppo_operator import names
 from ppo_operator.builders.common import BuildOptions, trainer_env
 from ppo_operator.builders.rbac import build_kubeconfig, build_token_request
-from ppo_operator.builders.submission import trainer_args, trainer_manifest
+from ppo_operator.builders.submission import should_resume, trainer_args, trainer_manifest
 from ppo_operator.job import Job
 from ppo_operator.kube import PPOJOBS, Kube, KubeError
 from ppo_operator.observed import TrainerRecord, TrainerState
@@ -103,7 +103,9 @@ class LocalLauncher:
         return self.state_dir / job.namespace / f"{job.name}-{job.uid}"
 
     def attempt_dir(self, job: Job, attempt: int) -> Path:
-        return self.job_dir(job) / f"a{attempt}"
+        """One folder per trainer run: an attempt that Kueue evicted and admitted again runs a new one."""
+        evictions = int(job.status.get("evictions") or 0)
+        return self.job_dir(job) / (f"a{attempt}e{evictions}" if evictions else f"a{attempt}")
 
     def _reap(self) -> None:
         now = time.monotonic()
@@ -185,7 +187,8 @@ class LocalLauncher:
         (folder / "kubeconfig").chmod(0o600)
         (folder / "ppojob.yaml").write_text(yaml.safe_dump(trainer_manifest(job), sort_keys=True))
         run_dir = self.job_dir(job) / "run"
-        args = trainer_args(config=str(folder / "ppojob.yaml"), run_dir=str(run_dir), resume=attempt > 0, options=self.options)
+        args = trainer_args(config=str(folder / "ppojob.yaml"), run_dir=str(run_dir), resume=should_resume(job, attempt),
+                            options=self.options)
         env = {
             **{k: v for k, v in os.environ.items() if k not in ("KUBECONFIG",)},
             "KUBECONFIG": str(folder / "kubeconfig"),
@@ -201,7 +204,8 @@ class LocalLauncher:
         if not folder.exists():
             return stopped
         for attempt_dir in sorted(folder.glob("a*")):
-            attempt = int(attempt_dir.name[1:]) if attempt_dir.name[1:].isdigit() else None
+            number = attempt_dir.name[1:].split("e")[0]
+            attempt = int(number) if number.isdigit() else None
             if attempt is None or attempt == keep_attempt:
                 continue
             if self._kill(attempt_dir):

@@ -192,8 +192,10 @@ def test_the_operators_requests_get_a_priority_level_of_their_own(render):
 def test_gang_scheduler_rbac_follows_values(render):
     role, _ = by_kind(render("gangSchedulers={Kueue}"), "ClusterRole")
     rules = rules_of(role)
-    assert ("kueue.x-k8s.io", "workloads") in rules
     assert ("scheduling.x-k8s.io", "podgroups") not in rules
+    assert rules[("kueue.x-k8s.io", "workloads")] == {"list", "watch"}, "watched, never written"
+    assert rules[("kueue.x-k8s.io", "localqueues")] == {"get"}, "an existence check, never listed"
+    assert not {resource for group, resource in rules if group == "kueue.x-k8s.io"} - {"workloads", "localqueues"}
 
 
 @pytest.mark.parametrize(
