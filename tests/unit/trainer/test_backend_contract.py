@@ -4,7 +4,8 @@
 What a role may rely on and nothing else: forward's outputs (float32 on CPU, [B, T], zero on
 padding), one optimizer step per train (a reference has none), idempotent offload/onload that
 leave the model as it was and change no later step (the optimizer state may also leave alone), a
-state dict that round-trips bit for bit, policy weights for the engines (a critic has none), and
+state dict that round-trips bit for bit and whose optimizer part brings the moments but not the
+learning rate (the spec's wins), policy weights for the engines (a critic has none), and
 process-group attach/release around a rebuilt group.
 """
 
@@ -55,9 +56,10 @@ def make(request):
         request.getfixturevalue("default_group")
     device = "cuda" if kind == "Megatron" else "cpu"
 
-    def build(role: str):
+    def build(role: str, learning_rate: float = 1e-2):
         spec = parse_spec({"image": "local", "seed": 3, "model": {"path": "builtin:tiny"},
-                           "actor": {"backend": kind, "learningRate": 1e-2, "microBatchSize": 2, "compile": False}})
+                           "actor": {"backend": kind, "learningRate": learning_rate, "microBatchSize": 2,
+                                     "compile": False}})
         return build_backend(spec, role=role, device=device)
 
     return build
@@ -179,6 +181,22 @@ def test_state_dict_round_trips_bit_for_bit(make, role):
     fresh.train(batch, loss_fn, micro_batch_size=2)  # the optimizer state came along: the same next step
     want, got = trained.forward(batch), fresh.forward(batch)
     assert all(torch.equal(want[k], got[k]) for k in want)
+
+
+@pytest.mark.parametrize("role", ["actor", "critic"])
+def test_a_loaded_optimizer_steps_at_the_learning_rate_it_was_built_with(make, role):
+    trained, batch = make(role), sample_batch()  # saved at learning rate 1e-2
+    trained.train(batch, loss_fn, micro_batch_size=2)
+    saved = trained.state_dict()
+    loaded = make(role, learning_rate=1e-12)
+    loaded.load_state_dict(saved)
+    before = loaded.forward(batch)
+    loaded.train(batch, loss_fn, micro_batch_size=2)
+    trained.train(batch, loss_fn, micro_batch_size=2)
+    for key, value in before.items():
+        # A step at 1e-2 moves the outputs by far more than 1e-6; one at 1e-12 cannot.
+        torch.testing.assert_close(loaded.forward(batch)[key], value, atol=1e-6, rtol=0)
+        assert (trained.forward(batch)[key] - value).abs().max() > 1e-3
 
 
 def test_policy_weights_for_the_engines_and_none_from_a_critic(make):

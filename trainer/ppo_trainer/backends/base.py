@@ -92,6 +92,16 @@ def cpu_copy(tree: Any) -> Any:
     return tree
 
 
+def load_optimizer_moments(optimizer: torch.optim.Optimizer, saved: dict) -> None:
+    """Load a saved optimizer state's moments and step counts while keeping this optimizer's own
+    hyperparameters (lr, betas, eps, weight decay...): they come from the spec this run was started
+    with, which must win over the ones the checkpoint was written with."""
+    configured = [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]
+    optimizer.load_state_dict(saved)
+    for group, settings in zip(optimizer.param_groups, configured):
+        group.update(settings)
+
+
 class TrainBackend(Protocol):
     """One rank of a policy (actor, reference) or value model (critic)."""
 

@@ -29,6 +29,7 @@ from ppo_trainer.backends.base import (
     check_backend_arguments,
     cpu_copy,
     kept_logits_bytes,
+    load_optimizer_moments,
     summed_stats,
     to_device,
 )
@@ -291,5 +292,5 @@ class TorchBackend:
         self._parking.settle()
         self.model.load_state_dict(state["model"])
         if self.optimizer is not None and state.get("optimizer") is not None:
-            self.optimizer.load_state_dict(state["optimizer"])
+            load_optimizer_moments(self.optimizer, state["optimizer"])
 

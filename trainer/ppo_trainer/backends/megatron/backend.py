@@ -59,6 +59,7 @@ from ppo_trainer.backends.base import (
     check_backend_arguments,
     cpu_copy,
     kept_logits_bytes,
+    load_optimizer_moments,
     summed_stats,
     to_device,
 )
@@ -592,4 +593,4 @@ class MegatronBackend:
             for inner, entry in zip(inners, saved):
                 for param, value in zip((p for g in inner.param_groups for p in g["params"]), entry["main_params"]):
                     param.copy_(value)
-                inner.load_state_dict(entry["torch"])
+                load_optimizer_moments(inner, entry["torch"])
