@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import build as builder
-from . import debian, manifests, node
+from . import debian, kueue, manifests, node
 from .pins import Pins, build_dir, default_state_dir, load_pins
 from .pki import ensure_pki, kubeconfig_text, kubeconfig_token_text
 
@@ -407,6 +407,7 @@ class LocalCluster:
             self._ready_at["CRDs established"] = round(time.monotonic() - t0, 1)
             for name, args in components.items():  # the gang scheduler, its controller and KubeRay watch CRDs
                 self._spawn(name, args, record)
+            kueue.start(self, record, deadline, out)  # after KubeRay's CRDs: its RayCluster integration needs them
             for name, check in self._checks().items():
                 if name in record["processes"]:
                     self._wait(name, check, deadline)

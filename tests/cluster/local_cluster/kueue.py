@@ -45,6 +45,9 @@ CRD_NAMES = (
     "admissionchecks", "clusterqueues", "cohorts", "localqueues", "multikueueclusters", "multikueueconfigs",
     "provisioningrequestconfigs", "resourceflavors", "topologies", "workloadpriorityclasses", "workloads",
 )
+# With its internal cert management off, Kueue loads a metrics certificate from this fixed path at
+# start (cmd/kueue/main.go), metrics served or not: the webhook's certificate is put there too.
+METRICS_CERT_DIR = Path("/etc/kueue/metrics/certs")
 WEBHOOK_CONFIGURATIONS = {
     "MutatingWebhookConfiguration": "kueue-mutating-webhook-configuration",
     "ValidatingWebhookConfiguration": "kueue-validating-webhook-configuration",
@@ -133,9 +136,10 @@ def _serving_cert(cluster: LocalCluster) -> Path:
         _sign(pki, "kueue-webhook", "/CN=kueue-webhook", SERVER + "subjectAltName=IP:127.0.0.1\n")
         (pki / "kueue-webhook.key").chmod(0o600)
     cert_dir = cluster.state_dir / "certs" / NAME
-    cert_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(pki / "kueue-webhook.crt", cert_dir / "tls.crt")
-    shutil.copyfile(pki / "kueue-webhook.key", cert_dir / "tls.key")
+    for folder in (cert_dir, METRICS_CERT_DIR):
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(pki / "kueue-webhook.crt", folder / "tls.crt")
+        shutil.copyfile(pki / "kueue-webhook.key", folder / "tls.key")
     return cert_dir
 
 
