@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from . import build as builder
-from . import images, kueue
+from . import images, kueue, network_policies
 from .cluster import ClusterError, LocalCluster
 from .pins import default_state_dir, load_pins
 
@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
             t = time.monotonic()
             record = builder.build(load_pins(), force=args.force)
             kueue.build(load_pins(), force=args.force, out=sys.stdout)
+            network_policies.build(load_pins(), force=args.force, out=sys.stdout)
             print(f"binaries: {builder.build_dir(load_pins()) / 'bin'}")
             if "timings_s" in record:
                 print(

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import build as builder
-from . import debian, kueue, manifests, node
+from . import debian, kueue, manifests, network_policies, node
 from .pins import Pins, build_dir, default_state_dir, load_pins
 from .pki import ensure_pki, kubeconfig_text, kubeconfig_token_text
 
@@ -415,6 +415,7 @@ class LocalCluster:
             if real_node:
                 self._wait(f"real node {node.NODE_NAME} Ready (kubelet)", self._real_node_ready, deadline,
                            log_name="kubelet")
+                network_policies.start(self, record, deadline, out)
             self._wait(
                 "default ServiceAccount (kube-controller-manager)",
                 self._default_sa_exists,
