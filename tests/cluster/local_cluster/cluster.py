@@ -193,6 +193,27 @@ class LocalCluster:
         """Run helm v3 (built with the cluster) against this cluster as the admin."""
         return self._tool("helm", args, check, input, timeout)
 
+    def wait_established(self, *crds: str, timeout: float = 60) -> None:
+        """Each named CRD (`ppojobs.ppojob.io`) serves its kind. Polled rather than `kubectl wait
+        --for=condition=Established`, which fails at once ("accessor error") when it reads a CRD created
+        a moment ago whose status has no conditions yet."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = self.kubectl("get", "crd", "-o", "json", check=False, timeout=20)
+            items = json.loads(found.stdout)["items"] if found.returncode == 0 else []
+            established = {
+                crd["metadata"]["name"]
+                for crd in items
+                if any(c["type"] == "Established" and c["status"] == "True"
+                       for c in (crd.get("status") or {}).get("conditions") or [])
+            }
+            pending = [name for name in crds if name not in established]
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"CRDs not established after {timeout:.0f} s: {', '.join(pending)}")
+            time.sleep(0.5)
+
     def apply(self, yaml_text: str, *extra: str) -> subprocess.CompletedProcess:
         """`kubectl apply -f -` with the given manifest text."""
         return self.kubectl("apply", "-f", "-", *extra, input=yaml_text)
@@ -537,12 +558,7 @@ class LocalCluster:
         for path in paths:
             args += ["-f", str(path)]
         self.kubectl(*args)
-        self.kubectl(
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            *[f"crd/{name}" for name in manifests.CRD_NAMES],
-        )
+        self.wait_established(*manifests.CRD_NAMES)
 
     # ---- configuration ------------------------------------------------------------------------
     def _write_configs(self, pki: Path) -> None:

@@ -156,8 +156,7 @@ def start(cluster: LocalCluster, record: dict, deadline: float, out=None) -> Non
     for path in crd_files(cluster.pins):
         args += ["-f", str(path)]
     cluster.kubectl(*args)
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                    *[f"crd/{name}.kueue.x-k8s.io" for name in CRD_NAMES])
+    cluster.wait_established(*[f"{name}.kueue.x-k8s.io" for name in CRD_NAMES])
     cluster.apply(yaml.safe_dump({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}))
     config = cluster.state_dir / "config" / "kueue.yaml"
     config.write_text(configuration(_serving_cert(cluster)))

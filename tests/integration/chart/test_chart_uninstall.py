@@ -64,7 +64,7 @@ def create_job(cluster, namespace: str, *, finalizers: tuple[str, ...] = ()) -> 
     """The tiny example (with `finalizers`: as an earlier version of the operator left it)."""
     job = yaml.safe_load(EXAMPLE.read_text())
     job["metadata"].update(namespace=namespace, finalizers=list(finalizers))
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD}", "--timeout=60s")
+    cluster.wait_established(CRD)
     cluster.apply(json.dumps(job))
     return job["metadata"]["name"]
 

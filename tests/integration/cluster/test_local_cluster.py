@@ -96,7 +96,7 @@ def test_crd_schema_rejects_invalid_object_with_apiserver_message(local_cluster)
     }
     local_cluster.apply(json.dumps(crd))
     try:
-        local_cluster.kubectl("wait", "--for=condition=Established", f"crd/widgets.{group}", "--timeout=60s")
+        local_cluster.wait_established(f"widgets.{group}")
         good = {
             "apiVersion": f"{group}/v1",
             "kind": "Widget",

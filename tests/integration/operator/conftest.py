@@ -27,7 +27,7 @@ OPERATOR = Path(sys.executable).with_name("ppo-operator")
 @pytest.fixture(scope="session")
 def ppojob_crd(local_cluster):
     local_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    local_cluster.kubectl("wait", "--for=condition=Established", "crd/ppojobs.ppojob.io", "--timeout=60s")
+    local_cluster.wait_established("ppojobs.ppojob.io")
     return CRD
 
 

@@ -25,7 +25,7 @@ def writes(operator: OperatorProcess) -> int:
 def test_an_outranked_replica_stands_by_and_the_job_is_not_restarted(local_cluster, ppojob_crd, k8s_namespace, tmp_path):
     ns = k8s_namespace
     local_cluster.kubectl("apply", "--server-side", "-f", str(PEERING_CRDS))
-    local_cluster.kubectl("wait", "--for=condition=Established", "crd/kopfpeerings.kopf.dev", "--timeout=60s")
+    local_cluster.wait_established("kopfpeerings.kopf.dev")
     local_cluster.kubectl("apply", "-n", ns, "-f", "-",
                           input="apiVersion: kopf.dev/v1\nkind: KopfPeering\nmetadata: {name: ppojob}\n")
     shared_state = tmp_path / "state"  # the local launcher's trainers: B adopts what A started
