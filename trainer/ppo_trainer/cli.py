@@ -3,7 +3,8 @@
 CONFIG is a PPOJob manifest or its bare spec (YAML); `image` defaults to "local". `--critic-config`
 merges a per-role YAML of critic overrides into `spec.critic`, checked by the same parser (unknown
 or removed keys named with their replacement, "1e-5" read as a number). A bad config or custom
-advantage function exits with code 2 and its message, never a traceback. Ray's token
+advantage or reward function (checked before Ray starts) exits with code 2 and its message, never
+a traceback; an error raised inside Ray is shown as its cause, in one line. Ray's token
 authentication is set explicitly: a private token and temp dir per local run; on a cluster, token
 mode with the token the operator provides (RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH). SIGTERM stops
 the run between two steps with the steps since the last checkpoint saved, exit code 143
@@ -84,6 +85,13 @@ def check_advantage_function(ref: str) -> None:
     compute_custom_advantages(function, probe)
 
 
+def check_reward_function(ref: str) -> None:
+    """Import the custom reward function and check its parameters, before any Ray work."""
+    from ppo_trainer.rewards import CustomReward
+
+    CustomReward.load(ref)
+
+
 def configure_ray_auth(*, joining: bool) -> None:
     """Token authentication on, explicitly; a fresh private token for a local cluster. Must run
     before Ray is imported: Ray reads these variables once, at import."""
@@ -142,11 +150,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from ppo_trainer.algorithms import CustomAdvantageError
+    from ppo_trainer.rewards import CustomRewardError
 
     try:
         spec, name = load_config(args.config, critic_config=args.critic_config)
         if spec.ppo.custom_advantage_function:
             check_advantage_function(spec.ppo.custom_advantage_function)
+        if spec.reward.function:
+            check_reward_function(spec.reward.function)
         run_dir = Path(args.run_dir or Path("runs") / name)
         checkpoint_dir = Path(spec.checkpoint.path) if args.address else run_dir / "checkpoints"
         if not args.resume and any(checkpoint_dir.glob("step-*")):
@@ -154,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         run_dir.mkdir(parents=True, exist_ok=True)
         start_ray(args.address, num_cpus=max(os.cpu_count() or 1, args.cpu_ranks + 1),
                   object_store_mb=args.object_store_mb)
-    except (ConfigError, CustomAdvantageError) as exc:
+    except (ConfigError, CustomAdvantageError, CustomRewardError) as exc:
         print(f"ppo-train: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     return _run(spec, args, run_dir=run_dir, checkpoint_dir=checkpoint_dir)
@@ -164,6 +175,7 @@ def _run(spec: PPOJobSpec, args: argparse.Namespace, *, run_dir: Path, checkpoin
     import ray
 
     from ppo_trainer.algorithms import CustomAdvantageError
+    from ppo_trainer.failures import describe_failure, failure_cause
     from ppo_trainer.graceful_stop import EXIT_STOPPED, StopRequest, TrainerStopped, write_pid_file
     from ppo_trainer.reporting.metrics import StepMetrics, plot_run, summarize_run
     from ppo_trainer.train import run
@@ -180,11 +192,15 @@ def _run(spec: PPOJobSpec, args: argparse.Namespace, *, run_dir: Path, checkpoin
     except TrainerStopped as stopped:
         print(f"ppo-train: {stopped}", file=sys.stderr)
         return EXIT_STOPPED
-    except CustomAdvantageError as exc:
-        print(f"ppo-train: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
-    except Exception as exc:  # noqa: BLE001 (any failure: one line, exit 1; the reporter has the details)
-        print(f"ppo-train: the run failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 (any failure: its cause in one line, exit 1; the reporter has the details)
+        cause = failure_cause(exc)
+        # The step's other calls, never awaited once this one failed, hold echoes of the same
+        # failure, which Ray would print with its banner as their results are dropped.
+        os.environ["RAY_IGNORE_UNHANDLED_ERRORS"] = "1"
+        if isinstance(cause, CustomAdvantageError):
+            print(f"ppo-train: {cause}", file=sys.stderr)
+            return EXIT_CONFIG
+        print(f"ppo-train: the run failed: {describe_failure(cause)}", file=sys.stderr)
         return 1
     finally:
         reporter.close()

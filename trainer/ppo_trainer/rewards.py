@@ -9,6 +9,7 @@ objects.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import numbers
 import re
@@ -154,10 +155,21 @@ class CustomReward(Reward):
 
     @classmethod
     def load(cls, ref: str) -> CustomReward:
+        """The function of `ref`, imported and checked to take (prompts, responses, labels)."""
         try:
-            return cls(fn=load_function(ref))
+            fn = load_function(ref)
         except FunctionReferenceError as exc:
             raise CustomRewardError(f"custom reward function {exc}") from exc
+        try:
+            inspect.signature(fn.fn).bind([], [], [])
+        except TypeError as exc:
+            raise CustomRewardError(
+                f"custom reward function {ref!r} cannot be called as fn(prompts, responses, labels) ({exc});"
+                f" give it those three parameters"
+            ) from None
+        except ValueError:
+            pass  # no signature to read (some builtins): the call itself will tell
+        return cls(fn=fn)
 
     def score(self, prompts: list[str], responses: list[str], labels: list[str | None]) -> list[float]:
         self._check_lengths(prompts, responses, labels)

@@ -32,6 +32,7 @@ from ppo_trainer.checkpoint import (
     write_pending_batch,
 )
 from ppo_trainer.data import PromptSampler, load_jsonl_prompts, synthetic_prompts
+from ppo_trainer.failures import describe_failure
 from ppo_trainer.graceful_stop import StopRequest, TrainerStopped
 from ppo_trainer.reporting.metrics import StageTimer, StepMetrics
 from ppo_trainer.reporting.progress import ProgressTracker
@@ -268,7 +269,7 @@ def run_on(roles: Roles, spec: PPOJobSpec, *, reporter: Reporter, checkpoint_dir
         reporter.event("note", line=str(stopped))
         raise
     except Exception as exc:
-        status.finish(error=f"{type(exc).__name__}: {exc}")
+        status.finish(error=describe_failure(exc))
         raise
 
 

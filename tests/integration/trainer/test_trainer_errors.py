@@ -1,26 +1,30 @@
-"""Bad configs and a bad custom advantage function: exit code 2 and a message that names the problem."""
+"""Bad configs and bad custom advantage or reward functions: exit code 2 and a message that names the
+problem, before Ray starts; an error raised inside Ray: its cause on the first line, without Ray's wrapping."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
 
 from ppo_trainer.cli import load_config
+from ppo_trainer.failures import describe_failure, failure_cause
 
 BASE = {"model": {"path": "builtin:tiny"}, "ppo": {"numRollouts": 2}}
 
 
-def ppo_train(tmp_path, spec: dict, *extra: str, critic: dict | None = None) -> subprocess.CompletedProcess:
+def ppo_train(tmp_path, spec: dict, *extra: str, critic: dict | None = None,
+              timeout: int = 120) -> subprocess.CompletedProcess:
     config = tmp_path / "job.yaml"
     config.write_text(yaml.safe_dump(spec))
     args = [sys.executable, "-m", "ppo_trainer.cli", str(config), "--run-dir", str(tmp_path / "run"), *extra]
     if critic is not None:
         (tmp_path / "critic.yaml").write_text(yaml.safe_dump(critic))
         args += ["--critic-config", str(tmp_path / "critic.yaml")]
-    return subprocess.run(args, capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False)
 
 
 @pytest.mark.parametrize(
@@ -95,3 +99,57 @@ def test_errors_the_example_critic_config_merges_over_the_example_job():
     critic = spec.training_role("critic")
     assert (critic.model.path, critic.micro_batch_size, critic.data) == ("builtin:tiny-narrow", 16, 1)
     assert spec.model.path == "builtin:tiny"
+
+
+def test_errors_missing_reward_file_fails_before_ray_starts(tmp_path):
+    missing = tmp_path / "no_such_rewards.py"
+    spec = {**BASE, "reward": {"type": "Custom", "function": f"{missing}:score"}}
+    started = time.monotonic()
+    result = ppo_train(tmp_path, spec)
+    assert result.returncode == 2, result.stderr
+    first = result.stderr.splitlines()[0]
+    assert first.startswith("ppo-train: custom reward function") and str(missing) in first
+    assert not (tmp_path / "run").exists()  # made just before Ray starts
+    assert time.monotonic() - started < 60, "the check runs before Ray starts: seconds, not Ray's minute"
+
+
+def test_errors_reward_function_with_the_wrong_parameters_named(tmp_path):
+    module = tmp_path / "my_rewards.py"
+    module.write_text("def score(responses):\n    return [0.0 for _ in responses]\n")
+    result = ppo_train(tmp_path, {**BASE, "reward": {"type": "Custom", "function": f"{module}:score"}})
+    assert result.returncode == 2, result.stderr
+    assert "fn(prompts, responses, labels)" in result.stderr.splitlines()[0]
+    assert not (tmp_path / "run").exists()
+
+
+def test_errors_reward_failing_inside_ray_shows_its_cause_on_the_first_line(tmp_path):
+    module = tmp_path / "my_rewards.py"
+    module.write_text("def score(prompts, responses, labels):\n    return [float('nan') for _ in responses]\n")
+    spec = {**BASE, "rollout": {"batchSize": 8, "maxNewTokens": 4}, "actor": {"microBatchSize": 8},
+            "reward": {"type": "Custom", "function": f"{module}:score"}}
+    result = ppo_train(tmp_path, spec, "--json", timeout=400)  # Ray's start and a first rollout: a loaded 2-core machine takes minutes
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.splitlines()
+    assert lines[0] == f"ppo-train: the run failed: CustomRewardError: {module}:score returned a non-finite score at index 0 (nan)"
+    assert "\x1b" not in result.stderr and "RayTaskError" not in result.stderr and "ray::" not in result.stderr
+
+
+def test_errors_inside_ray_unwrap_to_their_cause(ray_session):
+    import ray
+
+    from ppo_trainer.rewards import CustomRewardError
+
+    @ray.remote
+    class Failing:  # defined here, so pickled by value: the workers cannot import this test module
+        def __init__(self, fail: bool):
+            if fail:
+                raise CustomRewardError("the constructor failed")
+
+        def call(self):
+            raise CustomRewardError("the \x1b[31mmethod\x1b[0m failed")
+
+    for actor, message in ((Failing.remote(True), "the constructor failed"), (Failing.remote(False), "the method failed")):
+        with pytest.raises(ray.exceptions.RayError) as raised:
+            ray.get(actor.call.remote())
+        assert isinstance(failure_cause(raised.value), CustomRewardError)
+        assert describe_failure(raised.value) == f"CustomRewardError: {message}"

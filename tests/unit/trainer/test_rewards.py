@@ -124,6 +124,12 @@ CUSTOM_SOURCE = textwrap.dedent(
 
     def crashes(prompts, responses, labels):
         return 1 / 0
+
+    def two_parameters(prompts, responses):
+        return [0.0 for _ in responses]
+
+    def any_arguments(*args, **kwargs):
+        return [0.0 for _ in args[1]]
     """
 )
 
@@ -167,6 +173,9 @@ def test_custom_reward_load_errors(custom_file):
         build_reward("custom", custom_function="nocolon")
     with pytest.raises(CustomRewardError, match=r"has no attribute 'missing'"):
         build_reward("custom", custom_function=f"{custom_file}:missing")
+    with pytest.raises(CustomRewardError, match=r"two_parameters' cannot be called as fn\(prompts, responses, labels\)"):
+        build_reward("custom", custom_function=f"{custom_file}:two_parameters")
+    assert build_reward("custom", custom_function=f"{custom_file}:any_arguments").score(["p"], ["r"], [None]) == [0.0]
 
 
 # --- builder -----------------------------------------------------------------------------------
