@@ -4,8 +4,9 @@
     operator image, peering, in-cluster config, its own ServiceAccount and RBAC) -> a checkpoint
     claim -> kubectl apply the tiny CPU PPOJob in a namespace that enforces the `restricted` Pod
     Security Standard -> PodGroup and RayCluster -> KubeRay starts the head and the worker from the
-    CPU trainer image on the real node -> the operator submits the trainer through Ray's job API
-    (with the job's Ray token) -> the trainer reports with its projected ServiceAccount token ->
+    CPU trainer image on the real node -> a pod of another namespace reaches none of the head's
+    ports (the job's NetworkPolicy, enforced on the node) -> the operator submits the trainer
+    through Ray's job API (with the job's Ray token) -> the trainer reports with its projected ServiceAccount token ->
     kubectl get -w shows warm-up k/N and offload states, kubectl logs of the head the trainer's step
     lines -> checkpoints on the claim -> Succeeded -> kubectl delete leaves nothing -> helm uninstall
     (the PPOJob CRD is kept: crds.keep) -> kubectl delete crd, the documented last step.
@@ -18,6 +19,7 @@ cluster with its real node, the images), the repo's chart and examples.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import re
 import shutil
@@ -29,12 +31,14 @@ from pathlib import Path
 
 import yaml
 
-from local_cluster import LocalCluster, images, node
+from local_cluster import LocalCluster, images, network_policies, node
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "ppojob-operator"
 EXAMPLE = REPO / "examples" / "tiny-cpu-ppojob.yaml"
 RELEASE, OPERATOR_NAMESPACE, JOB_NAMESPACE = "ppojob", "ppojob-system", "ppo-demo"
+OUTSIDER_NAMESPACE = "ppo-demo-outsider"
+"""Another tenant's namespace, from which a pod dials the head."""
 PPOJOB_CRD = "ppojobs.ppojob.io"
 FINISHED = ("Succeeded", "Failed")
 CRD_RESOURCE = "customresourcedefinition.apiextensions.k8s.io"
@@ -61,6 +65,13 @@ def chart_values(*, job_namespace: str) -> dict:
         "resources": {"requests": {"cpu": "50m", "memory": "160Mi"}, "limits": {"cpu": "500m", "memory": "384Mi"}},
         "rayHead": {"cpu": "700m", "memory": "2Gi"},
     }
+
+
+def _proc_net_address(hex_address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """An address of /proc/net/tcp{,6}: hex, each 32-bit word in the host's (little-endian) order."""
+    raw = bytes.fromhex(hex_address)
+    address = ipaddress.ip_address(b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4)))
+    return getattr(address, "ipv4_mapped", None) or address
 
 
 def checkpoint_volume(*, name: str, namespace: str, claim: str, path: Path) -> str:
@@ -105,6 +116,8 @@ class Story:
     phases_seen: list[str] = field(default_factory=list)
     snapshots: dict[str, str] = field(default_factory=dict)
     figures: dict[str, float] = field(default_factory=dict)
+    head_ports: dict = field(default_factory=dict)
+    """What a pod in another namespace got dialling the head's ports (probe_head_from_another_namespace)."""
     _watch: subprocess.Popen | None = None
     _t0: float = field(default_factory=time.monotonic)
     _applied_at: float = 0.0
@@ -137,7 +150,7 @@ class Story:
 
     # -- the steps ---------------------------------------------------------------------------
     def check_cluster(self) -> None:
-        """The real node is Ready and holds the images (`make images`)."""
+        """The real node is Ready, holds the images (`make images`) and enforces NetworkPolicies."""
         ready = self.kubectl("get", "node", node.NODE_NAME, "--ignore-not-found", "-o",
                              "jsonpath={.status.conditions[?(@.type=='Ready')].status}").strip()
         if ready != "True":
@@ -148,6 +161,8 @@ class Story:
         missing = [name for name in (images.OPERATOR_IMAGE, images.TRAINER_CPU_IMAGE) if name not in tags]
         if missing:
             raise StoryError(f"the real node's runtime lacks {', '.join(missing)}: run `make images`")
+        network_policies.ensure_running(self.cluster)  # a cluster started before the enforcer joined it
+        self.say(f"{node.NODE_NAME} enforces NetworkPolicies ({network_policies.NAME}'s policy controller)")
 
     def adopt_existing_crds(self) -> None:
         """CRDs applied by hand (e.g. by other tests on a shared dev cluster) are handed to the release."""
@@ -257,36 +272,75 @@ class Story:
         states = {p["metadata"]["name"]: p["status"].get("containerStatuses") for p in pods}
         raise StoryError(f"the job's pods did not all run within {timeout}s: {states}")
 
-    def probe_dashboard_without_token(self, timeout: float = 120) -> int:
-        """From another pod of the namespace, a request to the head's job API without the job's Ray
-        token: the HTTP status it gets (401: refused). No NetworkPolicy is enforced here, so the
-        request does reach the dashboard; the token is what refuses it."""
-        url = f"http://{self.job_name}-a0-head-svc.{JOB_NAMESPACE}.svc:8265/api/jobs/"
-        code = ("import urllib.request, urllib.error\n"
-                f"try:\n    print('status', urllib.request.urlopen({url!r}, timeout=10).status)\n"
-                "except urllib.error.HTTPError as error:\n    print('status', error.code)\n")
+    def head_listening_ports(self) -> list[int]:
+        """The TCP ports the head's pod listens on at an address other pods could dial (not loopback),
+        read from its container's network namespace on the node."""
+        (head,) = self.pods(JOB_NAMESPACE, f"ppojob.io/job-name={self.job_name},ppojob.io/role=head")
+        sandbox = self.cluster.crictl("pods", "--name", head["metadata"]["name"], "--namespace", JOB_NAMESPACE,
+                                      "--state", "ready", "-q").stdout.split()[0]
+        (container,) = json.loads(self.cluster.crictl("ps", "--pod", sandbox, "-o", "json").stdout)["containers"]
+        pid = json.loads(self.cluster.crictl("inspect", container["id"]).stdout)["info"]["pid"]
+        ports = set()
+        for table in ("tcp", "tcp6"):
+            for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                address, port = local.split(":")
+                if state == "0A" and not _proc_net_address(address).is_loopback:  # 0A: LISTEN
+                    ports.add(int(port, 16))
+        return sorted(ports)
+
+    def probe_head_from_another_namespace(self, timeout: float = 120) -> dict:
+        """From a pod in another namespace, a TCP connection to each port the head listens on: the job's
+        NetworkPolicy (enforced on the real node) lets none through. The API server, which the policy
+        does not guard, answers the same pod: its network works. Returns each head port's outcome
+        ("open", "refused", "timed out" or the error) under "head", the API server's under "api server"."""
+        (head,) = self.pods(JOB_NAMESPACE, f"ppojob.io/job-name={self.job_name},ppojob.io/role=head")
+        targets = [[head["status"]["podIP"], port] for port in self.head_listening_ports()]
+        targets.append([node.BRIDGE_ADDRESS, node.API_SERVER_PORT])
+        code = ("import concurrent.futures, json, socket, sys\n"
+                "def dial(target):\n"
+                "    try:\n"
+                "        socket.create_connection(tuple(target), timeout=5).close()\n"
+                "        return 'open'\n"
+                "    except ConnectionRefusedError:\n"
+                "        return 'refused'\n"
+                "    except TimeoutError:\n"
+                "        return 'timed out'\n"
+                "    except OSError as error:\n"
+                "        return error.strerror\n"
+                "targets = json.loads(sys.argv[1])\n"
+                "with concurrent.futures.ThreadPoolExecutor(len(targets)) as pool:\n"
+                "    print(json.dumps(list(zip(map(tuple, targets), pool.map(dial, targets)))))\n")
         probe = {
-            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{self.job_name}-anonymous-probe"},
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{self.job_name}-outsider-probe"},
             "spec": {
                 "restartPolicy": "Never", "automountServiceAccountToken": False,
                 "nodeSelector": {node.NODE_LABEL: "true"}, "tolerations": [REAL_NODE_TOLERATION],
                 "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "seccompProfile": {"type": "RuntimeDefault"}},
                 "containers": [{"name": "probe", "image": images.OPERATOR_IMAGE, "imagePullPolicy": "IfNotPresent",
-                                "command": ["python3", "-c", code],
+                                "command": ["python3", "-c", code, json.dumps(targets)],
                                 "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}}],
             },
         }
         name = probe["metadata"]["name"]
-        self.cluster.apply(json.dumps(probe), "-n", JOB_NAMESPACE)
+        self.kubectl("delete", "namespace", OUTSIDER_NAMESPACE, "--ignore-not-found", "--timeout=180s", timeout=200)
+        self.kubectl("create", "namespace", OUTSIDER_NAMESPACE)
         try:
-            self.kubectl("wait", "--for=jsonpath={.status.phase}=Succeeded", f"pod/{name}", "-n", JOB_NAMESPACE,
+            self.cluster.apply(json.dumps(probe), "-n", OUTSIDER_NAMESPACE)
+            self.kubectl("wait", "--for=jsonpath={.status.phase}=Succeeded", f"pod/{name}", "-n", OUTSIDER_NAMESPACE,
                          f"--timeout={int(timeout)}s", timeout=timeout + 30)
-            found = re.search(r"status (\d+)", self.kubectl("logs", name, "-n", JOB_NAMESPACE))
+            dialled = json.loads(self.kubectl("logs", name, "-n", OUTSIDER_NAMESPACE))
         finally:
-            self.kubectl("delete", "pod", name, "-n", JOB_NAMESPACE, "--wait=false", check=False)
-        status = int(found.group(1)) if found else 0
-        self.say(f"a request to the head's job API without the job's Ray token, from another pod: HTTP {status}")
-        return status
+            self.kubectl("delete", "namespace", OUTSIDER_NAMESPACE, "--wait=false", check=False)
+        head = {port: outcome for (_, port), outcome in dialled[:-1]}
+        by_outcome: dict[str, list[int]] = {}
+        for port, outcome in head.items():
+            by_outcome.setdefault(outcome, []).append(port)
+        api_server = dialled[-1][1]
+        self.say(f"from a pod in namespace {OUTSIDER_NAMESPACE}, the head's {len(head)} listening ports: "
+                 + "; ".join(f"{outcome} {ports}" for outcome, ports in by_outcome.items())
+                 + f"; the API server: {api_server}")
+        return {"head": head, "api server": api_server}
 
     def follow(self, timeout: float = 900) -> dict:
         """Poll the job until it finishes, noting each phase and capturing describe along the way."""
@@ -422,7 +476,7 @@ class Story:
             self.apply_job()
             self.wait_for_children()
             self.wait_for_pods()
-            self.probe_dashboard_without_token()
+            self.head_ports = self.probe_head_from_another_namespace()
             status = self.follow()
             self.capture()
             self.say(f"finished: {status['phase']} after {self.phases_seen}")
@@ -456,7 +510,7 @@ class Story:
         """story.json: what the e2e test reads back after `make demo`."""
         (self.work_dir / "story.json").write_text(json.dumps({
             "status": status, "left": left, "error": error, "phases_seen": self.phases_seen,
-            "timeline": self.timeline, "figures": {**self.figures, "wall_s": round(time.monotonic() - self._t0, 1)},
+            "timeline": self.timeline, "head_ports": self.head_ports, "figures": {**self.figures, "wall_s": round(time.monotonic() - self._t0, 1)},
         }, indent=2))
 
 

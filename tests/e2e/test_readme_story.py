@@ -33,8 +33,12 @@ def test_make_demo_runs_the_readme_story_in_real_pods(local_cluster, tmp_path):
     # The job's pods ran in containers on the real node, in a namespace enforcing `restricted`.
     assert "namespace ppo-demo enforces the restricted Pod Security Standard" in steps
     assert any(re.match(r"\d+ pods Running in containers on real-0 ", s) for s in steps), steps
-    # The head's job API refuses a request without the job's Ray token, from another pod.
-    assert "a request to the head's job API without the job's Ray token, from another pod: HTTP 401" in steps, steps
+    # A pod in another namespace reaches none of the head's ports, the metrics ports among them: the job's
+    # NetworkPolicy, enforced on the real node, refuses the connections. The API server answers that pod.
+    head_ports = {int(port): outcome for port, outcome in story["head_ports"]["head"].items()}
+    assert {6379, 8265, 8080, 44217, 44227} <= head_ports.keys(), head_ports
+    assert set(head_ports.values()) <= {"refused", "timed out"}, head_ports
+    assert story["head_ports"]["api server"] == "open", story["head_ports"]
     # The phases a person sees, in order: warm-up before training, then success.
     seen = story["phases_seen"]
     assert seen.index("CriticWarmup") < seen.index("Training") < seen.index("Succeeded"), seen
