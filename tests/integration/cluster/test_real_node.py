@@ -1,6 +1,7 @@
 """The local cluster's real node: pods run in containers (kubelet, containerd, runc), reach each other
 through Services and cluster DNS, reach the API server with their ServiceAccount token, pass the
-`restricted` Pod Security Standard, and have no route off the machine; fake-GPU pods stay on KWOK."""
+`restricted` Pod Security Standard, are guarded by NetworkPolicies, and have no route off the
+machine; fake-GPU pods stay on KWOK."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import time
 
 import pytest
 
-from local_cluster import images, node
+from local_cluster import images, network_policies, node
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -133,6 +134,47 @@ def test_pods_reach_a_service_by_its_dns_name_and_the_api_server_with_their_toke
     # The API server answered through the `kubernetes` Service, and knew who was asking: the pod's
     # own ServiceAccount, which may not list secrets.
     assert f'api 10.96.0.1 403 secrets is forbidden: User "system:serviceaccount:{ns}:default"' in logs, logs
+
+
+def test_a_network_policy_admits_the_pods_it_names_and_refuses_the_rest(local_cluster, restricted_namespace):
+    """Enforced by the node's kube-router: a pod of the policy's namespace with the admitted label gets
+    through; one without it, and one with it in another namespace, are refused."""
+    network_policies.ensure_running(local_cluster)
+    ns, other = restricted_namespace, f"{restricted_namespace}-other"
+    local_cluster.apply(python_pod("server", "import http.server; http.server.test(port=8080, bind='0.0.0.0')",
+                                   labels={"app": "guarded"}, restart="Always"), "-n", ns)
+    local_cluster.apply(json.dumps({
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"name": "friends-only"},
+        "spec": {"podSelector": {"matchLabels": {"app": "guarded"}}, "policyTypes": ["Ingress"],
+                 "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "friend"}}}]}]},
+    }), "-n", ns)
+    address = wait_for_phase(local_cluster, ns, "server", ("Running",))["status"]["podIP"]
+    # Until the server listens a friend is refused too: it dials until it connects, for 20 s.
+    dial = f"""
+        import socket, time
+        for attempt in range(20):
+            try:
+                socket.create_connection(("{address}", 8080), timeout=3).close()
+                print("open"); break
+            except ConnectionRefusedError:
+                time.sleep(1)
+            except TimeoutError:
+                pass
+        else:
+            print("never open")
+    """
+    local_cluster.kubectl("create", "namespace", other)
+    try:
+        for name, namespace, labels in (("friend", ns, {"app": "friend"}), ("stranger", ns, {"app": "stranger"}),
+                                        ("outsider", other, {"app": "friend"})):
+            local_cluster.apply(python_pod(name, dial, labels=labels), "-n", namespace)
+        seen = {}
+        for name, namespace in (("friend", ns), ("stranger", ns), ("outsider", other)):
+            wait_for_phase(local_cluster, namespace, name, ("Succeeded",), timeout=150)
+            seen[name] = local_cluster.kubectl("logs", name, "-n", namespace).stdout.strip()
+    finally:
+        local_cluster.kubectl("delete", "namespace", other, "--wait=false", check=False)
+    assert seen == {"friend": "open", "stranger": "never open", "outsider": "never open"}, seen
 
 
 def test_kubectl_exec_reaches_the_container(local_cluster, restricted_namespace):
