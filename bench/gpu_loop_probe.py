@@ -99,13 +99,13 @@ def install(worker, configs: dict[str, dict], weights_group_backend: str | None 
             return result
 
         actor_module.gather_values = timed_gather
-    sync = getattr(worker, "_sync", None)
-    if weights_group_backend and sync is not None:
-        connected = sync.connected
-        sync.disconnect()
-        sync.backend = weights_group_backend
+    group = getattr(getattr(worker, "sender", None), "group", None)  # the broadcast path's, on actor rank 0
+    if weights_group_backend and group is not None:
+        connected = group.connected
+        group.disconnect()
+        group.backend = weights_group_backend
         if connected:
-            sync.connect()
+            group.connect()
     return role, os.getpid()
 
 

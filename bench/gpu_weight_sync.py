@@ -3,7 +3,7 @@
 The sender holds weights of the Qwen2.5-0.5B shape (bf16, about 1 GB in 290 tensors) on the GPU;
 the receiver copies them into its own GPU tensors. "object store": the sender returns CPU copies
 through Ray (what the product did before); "cuda ipc": the sender returns CUDA IPC handles
-(`rollout/cuda_ipc.py`) and the receiver copies device to device. Median of 5 after a warm-up.
+(`weight_sync/cuda_ipc.py`) and the receiver copies device to device. Median of 5 after a warm-up.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class Sender:
         return {n: t.to("cpu", copy=True) for n, t in self.weights.items()}
 
     def share(self):
-        from ppo_trainer.rollout.cuda_ipc import share_weights
+        from ppo_trainer.weight_sync.cuda_ipc import share_weights
 
         shared, self.kept = share_weights(self.weights.items(), "cuda")
         return shared
@@ -71,7 +71,7 @@ class Receiver:
         torch.cuda.synchronize()
 
     def take_shared(self, shared) -> None:
-        from ppo_trainer.rollout.cuda_ipc import open_shared_weights
+        from ppo_trainer.weight_sync.cuda_ipc import open_shared_weights
 
         for name, tensor in open_shared_weights(shared, "cuda"):
             self.weights[name].copy_(tensor)

@@ -13,17 +13,25 @@ real node's containerd, for tests whose pods run containers there.
 
 At the end of a run the terminal summary gives the seconds each tier (unit, integration, e2e, gpu)
 and the slowest test files took, setup and teardown included: where a CI run's time goes.
+
+The repository's root goes on PYTHONPATH: the test doubles (`tests/doubles/`) run as
+`python -m tests.doubles...` in processes the tests start, Ray's workers' children included.
 """
 
 from __future__ import annotations
 
 import collections
+import os
 import re
 import uuid
+from pathlib import Path
 
 import pytest
 
 from local_cluster import LocalCluster, images
+
+ROOT = str(Path(__file__).resolve().parent.parent)
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
 
 
 def _ppojob_crd_stuck(cluster: LocalCluster) -> bool:

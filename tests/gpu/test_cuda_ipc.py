@@ -1,4 +1,4 @@
-"""Colocated weight sync by CUDA IPC (`rollout/cuda_ipc.py`) between two real processes on one GPU."""
+"""Colocated weight sync by CUDA IPC (`weight_sync/cuda_ipc.py`) between two real processes on one GPU."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 def _receive(payload: bytes, results) -> None:
-    from ppo_trainer.rollout.cuda_ipc import open_shared_weights
+    from ppo_trainer.weight_sync.cuda_ipc import open_shared_weights
 
     shared = pickle.loads(payload)  # as Ray delivers it: the handles, pickled
     copies = {name: tensor.clone() for name, tensor in open_shared_weights(shared, "cuda")}
@@ -23,7 +23,7 @@ def _receive(payload: bytes, results) -> None:
 
 
 def test_the_engine_process_copies_the_actors_device_tensors_exactly():
-    from ppo_trainer.rollout.cuda_ipc import share_weights
+    from ppo_trainer.weight_sync.cuda_ipc import share_weights
 
     flat = torch.randn(3000, device="cuda", dtype=torch.bfloat16)
     named = [("a.weight", flat[:1000].view(10, 100)), ("b.bias", flat[1000:1024]), ("c", torch.arange(5, device="cuda"))]
@@ -41,7 +41,7 @@ def test_the_engine_process_copies_the_actors_device_tensors_exactly():
 
 
 def test_shared_weights_refuse_another_gpu_and_cpu_tensors():
-    from ppo_trainer.rollout.cuda_ipc import SharedWeights, open_shared_weights, share_weights
+    from ppo_trainer.weight_sync.cuda_ipc import SharedWeights, open_shared_weights, share_weights
 
     with pytest.raises(RuntimeError, match="same device"):
         next(open_shared_weights(SharedWeights(device_uuid="GPU-elsewhere", handles=[]), "cuda"))

@@ -15,7 +15,7 @@ from ppo_trainer.rollout.base import SamplingParams
 from ppo_trainer.rollout.sglang.engine import SGLangRolloutEngine
 from ppo_trainer.rollout.sglang.launcher import launch_engine_server
 from ppo_trainer.rollout.torch_engine import TorchRolloutEngine
-from ppo_trainer.rollout.weight_sync import DistributedWeightSync
+from ppo_trainer.weight_sync.broadcast import GroupSender, ServerReceiver
 from ppojob_api.spec import PPOJobSpec
 
 pytestmark = [
@@ -41,7 +41,8 @@ def test_nccl_weight_sync_to_a_server_on_another_gpu_across_sleep_and_wake(tmp_p
         timeout_s=300,
     )
     engine = SGLangRolloutEngine(servers=[server.client()], pad_token_id=258)
-    sync = DistributedWeightSync(targets=[engine], master_address="127.0.0.1", backend="nccl", bucket_bytes=64 * 1024)
+    sync = GroupSender(receivers=[ServerReceiver(engine.servers)], master_address="127.0.0.1", backend="nccl",
+                       bucket_bytes=64 * 1024)
     try:
         for seed in (99, 5, 99):
             policy = build_policy(SPEC.model, seed=seed, device="cuda:0")

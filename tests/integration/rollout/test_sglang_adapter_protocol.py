@@ -1,6 +1,6 @@
 """The SGLang adapter against two built-in servers, for real: separate processes, HTTP, a gloo group.
 
-The servers are `python -m ppo_trainer.rollout.http_server`, started by the adapter's own
+The servers are `python -m tests.doubles.sglang_server`, started by the adapter's own
 launcher with the arguments built for SGLang; both serve builtin:tiny from the same weights
 (--model-seed), so greedy answers can be compared with a local TorchRolloutEngine.
 """
@@ -21,7 +21,7 @@ from ppo_trainer.rollout.sglang.client import RolloutServerError
 from ppo_trainer.rollout.sglang.engine import SGLangRolloutEngine
 from ppo_trainer.rollout.sglang.launcher import launch_engine_server
 from ppo_trainer.rollout.torch_engine import TorchRolloutEngine
-from ppo_trainer.rollout.weight_sync import DistributedWeightSync
+from ppo_trainer.weight_sync.broadcast import GroupSender, ServerReceiver
 from ppojob_api.spec import PPOJobSpec
 
 MODEL_SEED = 7
@@ -95,7 +95,8 @@ def test_generate_greedy_matches_the_local_engine_on_one_and_on_two_servers(engi
 
 def test_weight_sync_through_a_gloo_group_changes_what_is_served(engine):
     before = engine.generate(PROMPTS, GREEDY)
-    sync = DistributedWeightSync(targets=[engine], master_address="127.0.0.1", backend="gloo", bucket_bytes=64 * 1024)
+    sync = GroupSender(receivers=[ServerReceiver(engine.servers)], master_address="127.0.0.1", backend="gloo",
+                       bucket_bytes=64 * 1024)
     sync.connect()
     try:
         assert sync.world_size == 3  # the actor's source rank and one rank per server
@@ -111,7 +112,7 @@ def test_weight_sync_through_a_gloo_group_changes_what_is_served(engine):
 
 
 def test_disconnect_before_sleep_and_reconnect_after_wake(engine):
-    sync = DistributedWeightSync(targets=[engine], master_address="127.0.0.1", backend="gloo")
+    sync = GroupSender(receivers=[ServerReceiver(engine.servers)], master_address="127.0.0.1", backend="gloo")
     # Actor awake: connect, sync; before the actor sleeps: disconnect (twice is a no-op).
     sync.connect()
     sync.broadcast(weights(5))

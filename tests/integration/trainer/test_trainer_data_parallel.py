@@ -11,6 +11,7 @@ from __future__ import annotations
 import ray
 import torch
 from conftest import tiny_spec
+from role_state import weights_digests
 
 from ppo_trainer.checkpoint import read_role_state
 from ppo_trainer.data import PromptSampler
@@ -63,7 +64,7 @@ def test_data_parallel_ranks_stay_identical_and_equal_single_rank_training(ray_s
             ray.get(roles.actor.async_call(roles.actor.worker_class.train, *batch, old_log_probs=old, ref_log_probs=ref_lp, spread=roles.values_for_actor(values)))
         transitions, _ = roles.poll()
         for role in ("actor", "critic"):
-            digests = (group := getattr(roles, role)).call(group.worker_class.weights_digest)
+            digests = weights_digests(getattr(roles, role))
             assert digests[0] == digests[1], f"{role} ranks drifted apart"
         parallel = tmp_path / "parallel"
         parallel.mkdir()

@@ -7,6 +7,7 @@ import pytest
 import ray
 import torch
 from conftest import tiny_spec
+from role_state import received_values, record_received_values
 
 from ppo_trainer.data import synthetic_prompts
 from ppo_trainer.reporting.reporters import Recorder
@@ -26,6 +27,7 @@ def test_handoff_values_bit_identical_per_sample(ray_session, actor_data, critic
     assert (layout.actor.ranks, layout.critic.ranks) == (actor_data, critic_data)
     roles = build_roles(spec, layout, timeout=120)
     try:
+        record_received_values(roles.actor)
         batch, _ = roles.rollout.async_call(RolloutWorker.generate, synthetic_prompts(9, seed=3), seed=7, num_returns=2)
         old = roles.actor.async_call(ActorWorker.log_probs, *batch)
         ref = roles.ref.async_call(RefWorker.log_probs, *batch)
@@ -43,7 +45,7 @@ def test_handoff_values_bit_identical_per_sample(ray_session, actor_data, critic
             for row, sample in enumerate(output.sample_ids.tolist()):
                 by_sample[sample] = (output.values[row], output.returns[row])
         assert sorted(by_sample) == list(range(9))  # every sample valued once
-        received = roles.actor.call(ActorWorker.received_external_data)
+        received = received_values(roles.actor)
         assert sorted(s for r in received for s in r.sample_ids.tolist()) == list(range(9))
         for rank, got in enumerate(received):
             assert got.sample_ids.tolist() == list(range(rank, 9, actor_data))

@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 import ray
 from conftest import tiny_spec
+from role_state import link_states
 
 from ppo_trainer.reporting.reporters import Recorder
 from ppo_trainer.roles.build import build_roles, compute_layout
-from ppo_trainer.roles.link import RayWorkerTarget
 from ppo_trainer.train import run_on
+from ppo_trainer.weight_sync.broadcast import Bucket, RemoteReceiver
 
 ON, OFF = "OnDevice", "Offloaded"
 WAKE, SLEEP = (OFF, ON), (ON, OFF)
@@ -86,10 +87,10 @@ def test_offload_disaggregated_link_follows_residency(ray_session):
             ("actor", ON, OFF),
         ]
         assert actor_side == one_turn * 2  # log-probs; train, awake through the broadcast of the weights
-        assert roles.actor.call(roles.actor.worker_class.link_state) == ["Disconnected"]
+        assert link_states(roles.actor) == ["Disconnected"]
         # The engine's end of the group is gone too: a bucket sent now is refused by name.
         with pytest.raises(ray.exceptions.RayTaskError, match="weight_update_group is not connected"):
-            RayWorkerTarget(roles.rollout.handles[0]).update_weights_from_distributed(
-                names=[], dtypes=[], shapes=[], group_name="weight_update_group")
+            RemoteReceiver(roles.rollout.handles[0]).receive(
+                Bucket(names=[], dtypes=[], shapes=[], group_name="weight_update_group"))
     finally:
         roles.shutdown()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from conftest import tiny_spec
+from role_state import weights_digests
 
 from ppo_trainer.reporting.reporters import Recorder
 from ppo_trainer.train import run_on
@@ -19,12 +20,12 @@ class DigestRecorder(Recorder):
     def event(self, kind, **fields):
         super().event(kind, **fields)
         if kind == "step":
-            self.digests.append((self.roles.actor.call(self.roles.actor.worker_class.weights_digest)[0], self.roles.critic.call(self.roles.critic.worker_class.weights_digest)[0]))
+            self.digests.append((weights_digests(self.roles.actor)[0], weights_digests(self.roles.critic)[0]))
 
 
 def test_warmup_actor_frozen_for_n_steps_then_trains(roles):
     spec = tiny_spec(ppo={"numRollouts": 4, "numCriticOnlySteps": 2})
-    initial = (roles.actor.call(roles.actor.worker_class.weights_digest)[0], roles.critic.call(roles.critic.worker_class.weights_digest)[0])
+    initial = (weights_digests(roles.actor)[0], weights_digests(roles.critic)[0])
     recorder = DigestRecorder(roles)
 
     state = run_on(roles, spec, reporter=recorder, checkpoint_dir=None)

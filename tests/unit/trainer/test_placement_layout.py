@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ppo_trainer.roles.build import PlacementError, compute_layout
+from ppo_trainer.weight_sync import CUDA_IPC
 from ppojob_api.spec import parse_spec
 
 
@@ -16,7 +17,7 @@ def spec(**fields):
 def test_colocated_torch_engines_on_gpus_take_the_weights_by_cuda_ipc():
     layout = compute_layout(spec(), use_gpus=True)
     assert (layout.train_ranks, layout.rollout_engines, layout.colocate) == (2, 2, True)
-    assert layout.cuda_ipc_weights  # engine i shares actor rank i's bundle, hence its GPU
+    assert layout.weight_sync == CUDA_IPC  # engine i shares actor rank i's bundle, hence its GPU
 
 
 @pytest.mark.parametrize(
@@ -28,7 +29,7 @@ def test_colocated_torch_engines_on_gpus_take_the_weights_by_cuda_ipc():
     ],
 )
 def test_other_layouts_do_not_use_cuda_ipc(fields, use_gpus):
-    assert not compute_layout(spec(**fields), use_gpus=use_gpus).cuda_ipc_weights
+    assert compute_layout(spec(**fields), use_gpus=use_gpus).weight_sync != CUDA_IPC
 
 
 def test_no_gpus_left_for_training_is_a_clear_error():

@@ -81,7 +81,7 @@ def test_server_args_reject_a_bad_place(place, message):
 
 def test_commands_run_the_module_with_this_python():
     assert server_command(["--port", "1"]) == [sys.executable, "-m", "sglang.launch_server", "--port", "1"]
-    assert server_command(["--port", "1"], builtin=True, python="/py")[:3] == ["/py", "-m", "ppo_trainer.rollout.http_server"]
+    assert server_command(["--port", "1"], builtin=True, python="/py")[:3] == ["/py", "-m", "tests.doubles.sglang_server"]
     assert router_command(["--port", "2"], python="/py") == ["/py", "-m", "sglang_router.launch_router", "--port", "2"]
 
 

@@ -8,17 +8,15 @@ runs `ppo.epochs` clipped-policy-loss passes, each micro-batch's loss normalised
 batch's counts (`ppo.lossAggregation`) and, with `ppo.rolloutCorrection`, reweighted by
 truncated importance weights against the engine's log-probs (with `ppo.schedule` OneStepOverlap the
 ratio itself is taken against the engine's log-probs: the batch may be one update old). `log_probs_and_mismatch` gives the
-step's log-probs before the update and how far they are from the engine's. In the
-Disaggregated layout rank 0 owns the weight-update group with the rollout workers
-(`DistributedWeightSync`, built by `roles/link.py`): connected right after it wakes, broadcast in
-buckets, disconnected right before it sleeps, each a reported transition of the same offload
-state machine. Weight hand-offs are called on every rank (waking a multi-rank role is
-collective); rank 0 sends. Must not depend on Ray except through `roles/link.py`.
+step's log-probs before the update and how far they are from the engine's. `send_weights` is
+the one way its weights leave for the engines: the rank's `Sender`, built from the run's
+weight-sync path (`weight_sync/`), sends them during the rank's turn, and its `wake` and `sleep`
+hooks run right after the rank wakes and right before it sleeps (the broadcast path connects and
+disconnects its group there). It is called on every rank (waking a multi-rank role is
+collective). Must not depend on Ray except through the weight-sync path.
 """
 
 from __future__ import annotations
-
-import collections
 
 import torch
 
@@ -34,10 +32,10 @@ from ppo_trainer.algorithms import (
 )
 from ppo_trainer.batch import RolloutBatch
 from ppo_trainer.distributed import all_reduce_sum
-from ppo_trainer.offload import Residency
 from ppo_trainer.roles.base import RoleWorker, take_rows
 from ppo_trainer.roles.handoff import CriticValues, gather_values
 from ppo_trainer.roles.targets import check_same_returns, compute_targets
+from ppo_trainer.weight_sync import Sender, weight_sync_path
 from ppojob_api.vocabulary import RolloutCorrection, Schedule
 
 
@@ -45,34 +43,30 @@ class ActorWorker(RoleWorker):
     role = "actor"
 
     def __init__(
-        self, spec, *, rank: int, world_size: int, device: str, offload: bool, rollout_workers: list | None = None,
-        shared_process: bool = False,
+        self, spec, *, rank: int, world_size: int, device: str, offload: bool, weight_sync: str | None = None,
+        rollout_workers: list | None = None, shared_process: bool = False,
     ) -> None:
-        self.link: Residency | None = None  # set below; sleep() during setup must see it
+        """`weight_sync`: the run's weight-sync path (`weight_sync.PATHS`; None: this rank sends
+        nothing), `rollout_workers` the engines' Ray handles, in rank order."""
+        self.sender = Sender()  # replaced below; sleep() during setup must see one
         super().__init__(spec, rank=rank, world_size=world_size, device=device, offload=offload,
                          shared_process=shared_process)
         ref = spec.ppo.custom_advantage_function
         self.advantage_fn = load_advantage_function(ref) if ref else None
-        self.received: CriticValues | None = None
-        self._shared: list[torch.Tensor] = []  # weights shared with the colocated engine (CUDA IPC)
-        if rollout_workers and rank == 0:
-            from ppo_trainer.distributed import process_group_backend
-            from ppo_trainer.roles.link import build_weight_sync
-
-            self._sync = build_weight_sync(rollout_workers, backend=process_group_backend(device))
-            self.link = Residency.for_link("actor.weight_sync", rank=rank, listener=self._transitions.append)
+        if weight_sync is not None:
+            self.sender = weight_sync_path(weight_sync).sender(
+                rank=rank, device=device, engines=list(rollout_workers or []), listener=self._transitions.append
+            )
             if self.residency.awake:
-                self.link.wake(self._sync.connect)
+                self.sender.wake()
 
     def wake(self) -> bool:
         changed = super().wake()
-        if self.link is not None:
-            self.link.wake(self._sync.connect)
+        self.sender.wake()
         return changed
 
     def sleep(self) -> bool:
-        if self.link is not None:
-            self.link.sleep(self._sync.disconnect)
+        self.sender.sleep()
         return super().sleep()
 
     def log_probs_and_mismatch(self, *parts: RolloutBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -98,12 +92,9 @@ class ActorWorker(RoleWorker):
         critic_outputs = [x for x in inputs if isinstance(x, CriticValues)]
         batch, counts = self.training_batch(parts)
         mask = batch.response_mask
-        self.received = None
-        values = torch.zeros_like(mask)
+        values, critic_returns = torch.zeros_like(mask), None
         if critic_outputs:
-            ids = self.sample_ids(batch, parts)
-            values, critic_returns = gather_values(critic_outputs, ids)
-            self.received = CriticValues(sample_ids=ids, values=values, returns=critic_returns)
+            values, critic_returns = gather_values(critic_outputs, self.sample_ids(batch, parts))
         ppo = self.spec.ppo
         targets = compute_targets(
             batch,
@@ -113,8 +104,8 @@ class ActorWorker(RoleWorker):
             ppo=ppo,
             advantage_fn=self.advantage_fn,
         )
-        if self.received is not None:
-            check_same_returns(targets.returns, self.received.returns, function=ppo.custom_advantage_function)
+        if critic_returns is not None:
+            check_same_returns(targets.returns, critic_returns, function=ppo.custom_advantage_function)
         correction = ppo.rollout_correction
         weights = None
         if correction.type == RolloutCorrection.TRUNCATED_IMPORTANCE_SAMPLING:
@@ -165,53 +156,8 @@ class ActorWorker(RoleWorker):
                 self.backend.offload_optimizer_state()
         return {**passes[-1], "policy_loss": passes[0]["policy_loss"], "kl": targets.kl}
 
-    def export_weights(self) -> dict[str, torch.Tensor]:
-        """Rank 0: the policy's weights as CPU tensors (Colocate: they travel to the engines through Ray).
-        The other ranks take their turn (gathering tensor-parallel shards is collective) and return nothing."""
-        with self.turn("export weights"):
-            weights = self.backend.named_weights()
-            if self.rank != 0:
-                drain(weights)
-                return {}
-            return {name: tensor.detach().to("cpu", copy=True) for name, tensor in weights}
-
-    def share_weights(self):
-        """Colocate on GPUs: wake and share this rank's weights with the engine on its GPU (CUDA IPC
-        handles, `rollout/cuda_ipc.py`); the rank stays awake, holding them, until `release_weights`."""
-        from ppo_trainer.rollout.cuda_ipc import share_weights
-
-        self.wake()
-        self.residency.require_awake("share weights")
-        shared, self._shared = share_weights(self.backend.named_weights(), self.device)
-        return shared
-
-    def release_weights(self) -> None:
-        """The engine has copied the shared weights: drop them and sleep again (train-side offload)."""
-        self._shared = []
-        torch.cuda.ipc_collect()  # memory the engine held open goes back before the offload frees it
-        if self.offload:
-            self.sleep()
-
-    def broadcast_weights(self) -> None:
-        """Disaggregated: rank 0 sends the weights to the engines over the weight-update group."""
-        if self.rank == 0 and self.link is None:
-            raise RuntimeError("broadcast_weights needs the weight-sync link of actor rank 0 (Disaggregated layout)")
-        with self.turn("broadcast weights"):
-            if self.link is not None:
-                self.link.require_awake("broadcast weights")
-                self._sync.broadcast(self.backend.named_weights())
-            else:
-                drain(self.backend.named_weights())
-
-    def link_state(self) -> str | None:
-        return self.link.state if self.link is not None else None
-
-    def received_external_data(self) -> CriticValues | None:
-        """The critic's values and returns the last `train` took for its samples (for tests and debugging)."""
-        return self.received
-
-
-def drain(weights) -> None:
-    """A rank that sends nothing still runs the export to its end: gathering tensor-parallel shards
-    and pipeline stages is collective."""
-    collections.deque(weights, maxlen=0)
+    def send_weights(self):
+        """The policy's weights to the engines, by the run's weight-sync path; called on every rank at
+        once. Returns what the path's driver side hands the engines, if anything."""
+        with self.turn("send weights"):
+            return self.sender.send(self.backend.named_weights())

@@ -22,7 +22,6 @@ depend on Ray.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 from collections.abc import Iterator
 
@@ -196,25 +195,6 @@ class RoleWorker:
         batch = self.shard(parts)
         with self.turn("compute log-probs"):
             return self.backend.forward(batch)["log_probs"]
-
-    def weights_digest(self) -> str:
-        """A hash of this rank's whole state (model and optimizer): tells whether it changed."""
-        digest = hashlib.sha256()
-
-        def visit(prefix: str, value) -> None:
-            if isinstance(value, torch.Tensor):
-                digest.update(prefix.encode())
-                digest.update(value.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-            elif isinstance(value, dict):
-                for key in sorted(value, key=str):
-                    visit(f"{prefix}.{key}", value[key])
-            elif isinstance(value, (list, tuple)):
-                for i, item in enumerate(value):
-                    visit(f"{prefix}.{i}", item)
-
-        with self.turn("hash its state"):
-            visit("", self.backend.state_dict())
-        return digest.hexdigest()
 
     def save(self, directory: str) -> str:
         """Write this rank's model and optimizer state into `directory` (a checkpoint being written)."""

@@ -14,8 +14,8 @@ groups of the actor and the critic. Every role's process gets the compile caches
 (`compile_cache.py`: under the checkpoint directory, so a restarted job finds them), and
 `Roles.take_compile_seconds` says how long the roles' processes spent compiling. An
 SGLang engine's server is launched by its rollout worker,
-on the worker's bundle; `builtin_sglang_server` serves it with the built-in server instead (tests
-and development on CPUs), through the same launcher.
+on the worker's bundle; `builtin_sglang_server` serves it with the tests' stand-in for SGLang
+instead (`tests/doubles/sglang_server.py`, on CPUs), through the same launcher.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from ppo_trainer.roles.group import PerRank, RoleGroup
 from ppo_trainer.roles.handoff import ranks_sharing_samples
 from ppo_trainer.roles.ref import RefWorker
 from ppo_trainer.roles.rollout import RolloutWorker
-from ppo_trainer.roles.weight_sync import WeightSync, build_weight_sync
+from ppo_trainer.weight_sync import CUDA_IPC, WeightSyncPath, choose_path, weight_sync_path
 from ppojob_api.spec import PPOJobSpec, TrainingRole
 from ppojob_api.vocabulary import Placement, TrainBackend
 from ppojob_api.vocabulary import RolloutEngine as EngineKind
@@ -60,8 +60,8 @@ class Layout:
     with_critic: bool
     actor: RoleLayout
     critic: RoleLayout | None
-    cuda_ipc_weights: bool = False
-    """Colocated torch engines on GPUs copy the weights from the actor rank on their GPU (CUDA IPC)."""
+    weight_sync: str
+    """How the actor's weights reach the engines: a path of `weight_sync.PATHS` (`choose_path`)."""
 
     @property
     def device(self) -> str:
@@ -149,8 +149,8 @@ def compute_layout(spec: PPOJobSpec, *, use_gpus: bool, cpu_ranks: int = 1) -> L
     actor = compute_role_layout(spec.training_role("actor"), bundles=train_ranks, what=what)
     critic = (compute_role_layout(spec.training_role("critic"), bundles=train_ranks, what=what)
               if spec.critic.enabled else None)
-    cuda_ipc = use_gpus and colocate and spec.rollout.engine == EngineKind.TORCH  # SGLang's servers take IPC from the worker
-    if cuda_ipc and actor.ranks != train_ranks:
+    weight_sync = choose_path(colocate=colocate, use_gpus=use_gpus, engine=spec.rollout.engine)
+    if weight_sync == CUDA_IPC and actor.ranks != train_ranks:
         raise PlacementError(
             f"colocated Torch engines on GPUs take the weights from the actor rank on their GPU, and"
             f" actor.parallelism.data leaves {train_ranks - actor.ranks} of the {train_ranks} GPUs without one:"
@@ -170,7 +170,7 @@ def compute_layout(spec: PPOJobSpec, *, use_gpus: bool, cpu_ranks: int = 1) -> L
                 f" to make at least {role.data} samples, or set {name}.parallelism.data to at most {samples}"
             )
     return Layout(use_gpus, train_ranks, engines, colocate, spec.critic.enabled, actor=actor, critic=critic,
-                  cuda_ipc_weights=cuda_ipc)
+                  weight_sync=weight_sync)
 
 
 @dataclass
@@ -182,7 +182,7 @@ class Roles:
     actor: RoleGroup
     ref: RoleGroup
     critic: RoleGroup | None
-    weight_sync: WeightSync
+    weight_sync: WeightSyncPath
     placement_groups: list[PlacementGroup] = field(default_factory=list)
     compiled_seconds: float = 0.0
     """What `take_compile_seconds` last read, summed over the roles' processes."""
@@ -204,9 +204,9 @@ class Roles:
         return seconds
 
     def sync_weights(self, *, version: int) -> None:
-        """New actor weights to every engine, by the path chosen from the layout (`roles/weight_sync.py`);
+        """New actor weights to every engine, by the path chosen from the layout (`weight_sync/`);
         `version`: the actor updates they hold, which the engines stamp on the batches they generate next."""
-        self.weight_sync.sync()
+        self.weight_sync.sync(actor=self.actor, rollout=self.rollout)
         self.rollout.call(RolloutWorker.serve_weights_version, version)
 
     def values_for_actor(self, values: PerRank) -> PerRank:
@@ -260,8 +260,8 @@ def _wait(pg: PlacementGroup, *, what: str, bundles: list[dict], timeout: float)
 
 def build_roles(spec: PPOJobSpec, layout: Layout, *, timeout: float, builtin_sglang_server: bool = False,
                 checkpoint_dir: str | None = None) -> Roles:
-    """Place and build every role. `builtin_sglang_server` (tests, development) serves rollout.engine
-    SGLang with the built-in server, which speaks SGLang's protocol and runs on a CPU. Every role's
+    """Place and build every role. `builtin_sglang_server` (tests) serves rollout.engine SGLang with
+    the tests' stand-in server, which speaks SGLang's protocol and runs on a CPU. Every role's
     process compiles into `compile_cache_dir(checkpoint_dir)` (`PPO_COMPILE_CACHE_DIR` in this
     process's environment moves it; neither: the compilers' own defaults)."""
     if spec.rollout.engine == EngineKind.SGLANG and not layout.use_gpus and not builtin_sglang_server:
@@ -295,11 +295,11 @@ def build_roles(spec: PPOJobSpec, layout: Layout, *, timeout: float, builtin_sgl
     engines = [  # status calls (Roles.poll) answer beside a generation in flight (ppo.schedule OneStepOverlap)
         ray.remote(concurrency_groups={STATUS_CALLS: 1})(RolloutWorker)
         .options(**on(rollout_pg, engine_bundle[rank], engine_share))
-        .remote(spec, rank=rank, device=layout.device, builtin_server=builtin_sglang_server)
+        .remote(spec, rank=rank, device=layout.device, weight_sync=layout.weight_sync,
+                builtin_server=builtin_sglang_server)
         for rank in range(layout.rollout_engines)
     ]
     share = layout.share(shared=True)
-    workers = None if layout.colocate else engines
 
     def group(cls, role: str, ranks: int, **extra) -> RoleGroup:
         common = {"world_size": ranks, "device": layout.device, "offload": offload}
@@ -309,16 +309,15 @@ def build_roles(spec: PPOJobSpec, layout: Layout, *, timeout: float, builtin_sgl
         ]
         return RoleGroup(role, handles, cls)
 
-    actor, rollout = group(ActorWorker, "actor", layout.actor.ranks, rollout_workers=workers), RoleGroup(
-        "rollout", engines, RolloutWorker)
+    actor = group(ActorWorker, "actor", layout.actor.ranks, weight_sync=layout.weight_sync, rollout_workers=engines)
+    rollout = RoleGroup("rollout", engines, RolloutWorker)
     roles = Roles(
         layout=layout,
         rollout=rollout,
         actor=actor,
         ref=group(RefWorker, "ref", layout.actor.ranks),
         critic=group(CriticWorker, "critic", layout.critic.ranks) if layout.critic is not None else None,
-        weight_sync=build_weight_sync(cuda_ipc=layout.cuda_ipc_weights, colocate=layout.colocate, actor=actor,
-                                      rollout=rollout),
+        weight_sync=weight_sync_path(layout.weight_sync),
         placement_groups=pgs,
     )
     try:

@@ -9,7 +9,8 @@ rank, appends that rank's list to its positional arguments: how each actor rank 
 critic ranks' values it needs. Top-level ObjectRef arguments are resolved by Ray before the task
 runs, so a rank receives the data while the driver only ever holds refs. `setup_process_group`
 publishes the rendezvous address of a role's process group: rank 0 hosts it on its node and
-every rank attaches to it (a Megatron rank then builds its model on it).
+every rank attaches to it (a Megatron rank then builds its model on it). `node_ip` is where
+other nodes reach this process's node.
 """
 
 from __future__ import annotations
@@ -18,6 +19,11 @@ from collections.abc import Callable
 from typing import Any
 
 import ray
+
+
+def node_ip() -> str:
+    """The address other nodes reach this process's node at."""
+    return ray.util.get_node_ip_address()
 
 
 class PerRank(list):
@@ -85,7 +91,7 @@ class RoleGroup:
         """Rank 0 hosts the group's store on its node; every rank attaches (awake ranks build the group).
         Nothing to do for a role without one, or one whose single rank set up its own."""
         leader = self.handles[0]
-        host = ray.get(leader.__ray_call__.remote(lambda _worker: ray.util.get_node_ip_address()))
+        host = ray.get(leader.__ray_call__.remote(lambda _worker: node_ip()))
         address = ray.get(leader.host_process_group.remote(host))
         if address is not None:
             self.call(self.worker_class.join_process_group, *address)

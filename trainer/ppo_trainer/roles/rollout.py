@@ -5,14 +5,11 @@ the training ranks without passing through the driver, and small statistics the 
 Engines are built by `build_engine`, the one place that knows which class serves which
 `spec.rollout.engine`: the built-in torch engine in this process, or an SGLang server that this
 worker launches on its bundle (`rollout/sglang/launcher.py`) and drives through
-`SGLangRolloutEngine`; its URL is exposed (`server_urls`) and it is stopped by `close`. Weights
-arrive either as a dict of CPU tensors through Ray (Colocate; SGLang then loads them with
-/update_weights_from_tensor) or over the actor's weight-update group (Disaggregated): the worker
-answers the group's calls (`WeightSyncTarget`) with its engine's end of the group, the SGLang
-server's over HTTP or a `WeightsReceiver` for the torch engine, so one handshake serves both; the
-actor reaches it through `roles/link.py`, which runs each call on `weight_sync` inside this
-worker's process.
-Must not depend on Ray except through `roles/link.py`.
+`SGLangRolloutEngine`; its URL is exposed (`server_urls`) and it is stopped by `close`.
+`receive_weights` is the one way new weights come in: the worker's `Receiver`, built around its
+engine from the run's weight-sync path (`weight_sync/`), takes whatever that path's sender sends
+(CUDA IPC handles, CPU tensors, or the steps of a broadcast over the weight-update group).
+Imports no Ray itself (this node's address comes from `roles/group.py`).
 """
 
 from __future__ import annotations
@@ -31,7 +28,7 @@ from ppo_trainer.rewards import build_reward
 from ppo_trainer.roles.base import use_all_cores
 from ppo_trainer.rollout.base import RolloutEngine, SamplingParams
 from ppo_trainer.rollout.layout import build_rollout_batch
-from ppo_trainer.rollout.weight_sync import WeightsReceiver, WeightSyncTarget
+from ppo_trainer.weight_sync import weight_sync_path
 from ppojob_api.spec import PPOJobSpec
 from ppojob_api.vocabulary import RewardType
 from ppojob_api.vocabulary import RolloutEngine as EngineKind
@@ -41,10 +38,9 @@ REWARD_KINDS = {RewardType.SYNTHETIC: "synthetic", RewardType.EXACT_ANSWER: "exa
 
 @dataclass(frozen=True, kw_only=True)
 class BuiltEngine:
-    """An engine, its end of the weight-update group, and the server processes it runs on (SGLang)."""
+    """An engine and the server processes it runs on (SGLang)."""
 
     engine: RolloutEngine
-    weight_sync: WeightSyncTarget
     servers: list[Any]
     """`ServerProcess`es this worker launched and must stop (none for the torch engine)."""
 
@@ -53,8 +49,9 @@ def build_engine(
     spec: PPOJobSpec, *, device: str, rank: int, pad_token_id: int, builtin_server: bool = False
 ) -> BuiltEngine:
     """The engine of rollout rank `rank`. With rollout.engine SGLang this launches its server here,
-    on the bundle this process holds; `builtin_server` launches the built-in server instead (same
-    launcher, arguments and protocol, on a CPU: for tests and development, never for production)."""
+    on the bundle this process holds; `builtin_server` launches the tests' stand-in for SGLang
+    instead (`tests/doubles/sglang_server.py`, from a checkout: same launcher, arguments and
+    protocol, on a CPU; never for production)."""
     if builtin_server and spec.rollout.engine != EngineKind.SGLANG:
         raise ValueError("builtin_server stands in for SGLang servers: it needs rollout.engine SGLang")
     if spec.rollout.engine == EngineKind.SGLANG:
@@ -62,12 +59,11 @@ def build_engine(
     from ppo_trainer.rollout.torch_engine import TorchRolloutEngine
 
     engine = TorchRolloutEngine(model_spec=spec.model, device=device, seed=spec.seed, dtype=spec.model.dtype)
-    receiver = WeightsReceiver(load=engine.update_weights, device=engine.device)
-    return BuiltEngine(engine=engine, weight_sync=receiver, servers=[])
+    return BuiltEngine(engine=engine, servers=[])
 
 
 def _launch_sglang(spec: PPOJobSpec, *, device: str, rank: int, pad_token_id: int, builtin: bool) -> BuiltEngine:
-    from ppo_trainer.roles.link import node_ip
+    from ppo_trainer.roles.group import node_ip
     from ppo_trainer.rollout.sglang.engine import SGLangRolloutEngine
     from ppo_trainer.rollout.sglang.launcher import launch_engine_server
 
@@ -86,15 +82,18 @@ def _launch_sglang(spec: PPOJobSpec, *, device: str, rank: int, pad_token_id: in
     engine = SGLangRolloutEngine(
         servers=[server.client()], pad_token_id=pad_token_id, tensor_parallel=spec.rollout.tensor_parallel
     )
-    return BuiltEngine(engine=engine, weight_sync=engine, servers=[server])
+    return BuiltEngine(engine=engine, servers=[server])
 
 
 class RolloutWorker:
-    """One rollout engine with its tokenizer, reward function, residency and weight-update group end."""
+    """One rollout engine with its tokenizer, reward function, residency and end of the weight sync."""
 
     role = "rollout"
 
-    def __init__(self, spec: PPOJobSpec, *, rank: int, device: str, builtin_server: bool = False) -> None:
+    def __init__(
+        self, spec: PPOJobSpec, *, rank: int, device: str, weight_sync: str, builtin_server: bool = False
+    ) -> None:
+        """`weight_sync`: the run's weight-sync path (`weight_sync.PATHS`)."""
         from ppo_trainer.models.tokenizer import load_tokenizer
 
         use_all_cores(device)
@@ -105,10 +104,11 @@ class RolloutWorker:
         built = build_engine(
             spec, device=device, rank=rank, pad_token_id=self.tokenizer.pad_token_id, builtin_server=builtin_server
         )
-        self.engine, self.weight_sync, self.servers = built.engine, built.weight_sync, built.servers
+        self.engine, self.servers = built.engine, built.servers
         self.reward = build_reward(REWARD_KINDS[spec.reward.type], custom_function=spec.reward.function)
         self._transitions: list[Transition] = []
         self.residency = Residency.for_rollout(rank=rank, listener=self._transitions.append)
+        self.receiver = weight_sync_path(weight_sync).receiver(engine=self.engine, device=device, wake=self.wake)
         self.weights_version = 0
         """The actor updates in the weights this engine serves (0: the initial ones); stamped on each batch."""
 
@@ -173,16 +173,7 @@ class RolloutWorker:
         for server in self.servers:
             server.stop()
 
-    def update_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        """Colocate on CPUs: new weights arrived through Ray as CPU tensors."""
-        self.wake()
-        self.engine.update_weights(weights.items())
-
-    def update_weights_shared(self, shared) -> None:
-        """Colocate on GPUs: copy the actor rank's weights straight from its device memory (CUDA IPC);
-        done (synchronized, views dropped) when this returns, so the actor may free them."""
-        from ppo_trainer.rollout.cuda_ipc import open_shared_weights
-
-        self.wake()
-        self.engine.update_weights(open_shared_weights(shared, self.device))
-        torch.cuda.synchronize()
+    def receive_weights(self, payload: Any) -> Any:
+        """What the actor's end of the weight sync sent (through the driver, or straight from the
+        actor): new weights, or one step of their transfer; this worker's receiver takes it."""
+        return self.receiver.receive(payload)

@@ -1,14 +1,16 @@
 """The seam between the PPO loop and a rollout engine (the built-in torch engine, SGLang).
 
 An engine turns token prompts into sampled responses with their log-probabilities, takes new
-weights from the actor, and can release its memory (sleep) and take it back (wake up).
+weights from the actor, and can release its memory (sleep) and take it back (wake up). An engine
+in front of server processes (SGLang) is also a `ServedEngine`: a weight-sync path may then have
+its servers take the weights themselves (`weight_sync/broadcast.py`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -45,3 +47,13 @@ class RolloutEngine(Protocol):
         ...
 
     def wake_up(self) -> None: ...
+
+
+@runtime_checkable
+class ServedEngine(Protocol):
+    """An engine in front of server processes, each speaking SGLang's HTTP API (`SGLangClient`)."""
+
+    servers: list[Any]
+    """One client per server."""
+    tensor_parallel: int
+    """Devices (and ranks of a weight-update group) per server."""

@@ -6,9 +6,9 @@ parallel, and turns the answers (`output_ids`,
 `meta_info.output_token_logprobs`) into a right-padded `Generation`. SGLang's returned
 log-probs are those of the sampled token under logits / temperature (under the raw logits when
 greedy), the same convention as the built-in engine, provided SGLANG_RETURN_ORIGINAL_LOGPROB is
-unset on the servers. `update_weights` is the colocated path (/update_weights_from_tensor with
-CUDA IPC handles); the Disaggregated path is `rollout/weight_sync.py`, for which this engine
-is a target (its init/update/destroy weights-group methods are the hooks the actor calls).
+unset on the servers. `update_weights` loads tensors held by this process (/update_weights_from_tensor
+with CUDA IPC handles: the object-store path). The engine is a `ServedEngine`: over a weight-update
+group its servers take the weights themselves (`weight_sync/broadcast.py:ServerReceiver`).
 `sleep`/`wake_up` release and resume the servers' memory, idempotently. A failing server
 raises `RolloutServerError` naming the server and the call, after the client's bounded
 retries. Depends on torch and the client; never imports sglang, never launches anything.
@@ -28,7 +28,7 @@ import torch.multiprocessing
 
 from ppo_trainer.offload import Residency, Transition
 from ppo_trainer.rollout.base import Generation, SamplingParams
-from ppo_trainer.rollout.sglang.client import DEFAULT_GROUP, RolloutServerError, SGLangClient
+from ppo_trainer.rollout.sglang.client import RolloutServerError, SGLangClient
 
 ROUTER_CONCURRENCY = 64
 """Requests in flight at once through the router (one per prompt, so that it can balance them)."""
@@ -69,11 +69,6 @@ class SGLangRolloutEngine:
         self.tensor_parallel = tensor_parallel
         self.residency = Residency.for_rollout("rollout", listener=listener)
         self._pool = ThreadPoolExecutor(max_workers=len(self.servers), thread_name_prefix="sglang")
-
-    @property
-    def ranks(self) -> int:
-        """Ranks this engine holds in a weight-update group: every server's TP ranks."""
-        return len(self.servers) * self.tensor_parallel
 
     # --- RolloutEngine ---------------------------------------------------------------------------
 
@@ -136,50 +131,6 @@ class SGLangRolloutEngine:
     def wake_up(self) -> None:
         """Resume the servers' memory; weights come back from their CPU backup (no-op when awake)."""
         self.residency.wake(lambda: self._on_all("resume_memory_occupation"))
-
-    # --- weight-sync target (rollout/weight_sync.py) ----------------------------------------------
-
-    def init_weights_update_group(
-        self,
-        *,
-        master_address: str,
-        master_port: int,
-        rank_offset: int,
-        world_size: int,
-        group_name: str = DEFAULT_GROUP,
-        backend: str = "nccl",
-    ) -> None:
-        """Every server joins the group: server i's ranks start at rank_offset + i * tensor_parallel."""
-        futures = [
-            self._pool.submit(
-                server.init_weights_update_group,
-                master_address=master_address,
-                master_port=master_port,
-                rank_offset=rank_offset + i * self.tensor_parallel,
-                world_size=world_size,
-                group_name=group_name,
-                backend=backend,
-            )
-            for i, server in enumerate(self.servers)
-        ]
-        _first_error([f.exception() for f in futures])
-
-    def update_weights_from_distributed(
-        self, *, names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str = DEFAULT_GROUP
-    ) -> None:
-        self._on_all("update_weights_from_distributed", names=names, dtypes=dtypes, shapes=shapes, group_name=group_name)
-
-    def destroy_weights_update_group(self, *, group_name: str = DEFAULT_GROUP) -> None:
-        self._on_all("destroy_weights_update_group", group_name=group_name)
-
-    def pause_generation(self) -> None:
-        self._on_all("pause_generation")
-
-    def flush_cache(self) -> None:
-        self._on_all("flush_cache")
-
-    def continue_generation(self) -> None:
-        self._on_all("continue_generation")
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)

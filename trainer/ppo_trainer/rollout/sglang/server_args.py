@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from ppojob_api.spec import PPOJobSpec
 
 SGLANG_SERVER_MODULE = "sglang.launch_server"
-BUILTIN_SERVER_MODULE = "ppo_trainer.rollout.http_server"
+BUILTIN_SERVER_MODULE = "tests.doubles.sglang_server"
 ROUTER_MODULE = "sglang_router.launch_router"
 
 # The seed framework's routing policy for RL rollouts: prompts sharing a prefix go to one engine.

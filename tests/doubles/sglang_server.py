@@ -1,11 +1,12 @@
-"""The built-in torch engine behind SGLang's HTTP API: a second server that speaks the same protocol.
+"""A test double of an SGLang server: the built-in torch engine behind SGLang's HTTP API.
 
-`python -m ppo_trainer.rollout.http_server --model-path builtin:tiny --port 30000 ...` takes the
-flags that `rollout/sglang/server_args.py` builds for SGLang (the ones it cannot use, such as
---mem-fraction-static, are accepted and reported by /server_info) and answers the endpoints the
-adapter calls with SGLang 0.5.23's request and response shapes. So the SGLang adapter is
-tested for real, across processes, on a CPU. The weight-update group is a real process group
-built with `rollout/weight_sync.py:open_weights_group`, the recipe SGLang uses.
+`python -m tests.doubles.sglang_server --model-path builtin:tiny --port 30000 ...` (from the
+repository's root) takes the flags that `rollout/sglang/server_args.py` builds for SGLang (the
+ones it cannot use, such as --mem-fraction-static, are accepted and reported by /server_info) and
+answers the endpoints the adapter calls with SGLang 0.5.23's request and response shapes. So the
+SGLang adapter is tested for real, across processes, on a CPU; the launcher starts it in place of
+SGLang with `builtin=True`. The weight-update group is a real process group built with
+`weight_sync/broadcast.py:open_weights_group`, the recipe SGLang uses.
 
 Where it cannot do what SGLang does, it answers as SGLang answers a call that fails:
 /update_weights_from_tensor (a pickle of CUDA IPC handles) and load_format 'flattened_bucket'
@@ -33,10 +34,10 @@ import torch.distributed as dist
 
 from ppo_trainer.rollout.base import SamplingParams
 from ppo_trainer.rollout.torch_engine import TorchRolloutEngine
-from ppo_trainer.rollout.weight_sync import close_weights_group, open_weights_group, receive_weights, torch_dtype
+from ppo_trainer.weight_sync.broadcast import close_weights_group, open_weights_group, receive_bucket, torch_dtype
 from ppojob_api.spec import ModelSpec
 
-logger = logging.getLogger("ppo_trainer.rollout.http_server")
+logger = logging.getLogger("tests.doubles.sglang_server")
 
 VERSION = "0.5.23-builtin"
 MEMORY_TAGS = ("kv_cache", "weights", "cuda_graph")
@@ -183,7 +184,7 @@ class BuiltinServer:
         except TypeError as exc:
             return {"success": False, "message": str(exc)}
         with self.engine_lock:
-            received = receive_weights(group, names=body["names"], dtypes=body["dtypes"], shapes=body["shapes"],
+            received = receive_bucket(group, names=body["names"], dtypes=body["dtypes"], shapes=body["shapes"],
                                        device=self.engine.device)
             try:
                 self.engine.update_weights(received)
@@ -371,7 +372,7 @@ def make_handler(server: BuiltinServer) -> type[BaseHTTPRequestHandler]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m ppo_trainer.rollout.http_server", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tests.doubles.sglang_server", description=__doc__.split("\n")[0])
     parser.add_argument("--model-path", "--model", dest="model_path", required=True)
     parser.add_argument("--tokenizer-path", default=None)
     parser.add_argument("--host", default="127.0.0.1")
