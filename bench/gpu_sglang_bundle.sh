@@ -6,8 +6,10 @@
 # What goes in: sglang 0.5.16, sglang-kernel 0.4.5 with its Hopper ops only, and the packages a
 # text-only server imports that the GPU image lacks or holds at a version sglang refuses
 # (transformers 5.17 there clashes with sglang's own qwen3_asr config; sglang's pin 5.12.1 needs
-# tokenizers <= 0.23.0). The list was found by importing the server's modules with every package
-# the GPU image lacks hidden, then by starting a real server on the GPU (docs/gpu.md, SGLang).
+# tokenizers <= 0.23.0). The list was found on a CPU by importing the server's modules (launch_server,
+# http_server, scheduler, tokenizer and detokenizer managers, model_runner, models.qwen2, the triton
+# attention backend, the sampler, flashinfer.sampling) with every package the GPU image lacks hidden;
+# code that runs only on CUDA may import more (docs/gpu.md, SGLang on the GPU machine).
 #
 # What is dropped, and why it is safe for a Qwen2/Llama rollout server on an H100/H200 started
 # with `--attention-backend triton` (docs/sglang.md):
