@@ -104,9 +104,12 @@ class PhaseRecorder:
 
 
 def tiny_manifest(name: str = "tiny", **spec_overrides) -> dict:
-    """examples/tiny-ppojob.yaml with spec sections overridden (the trainer engineer's example)."""
+    """examples/tiny-ppojob.yaml with spec sections overridden (the trainer engineer's example).
+    Its Ray pods get a 1 s grace: KWOK ends a deleted pod only when its grace period is over, and no
+    trainer runs in a KWOK pod to checkpoint (a real kubelet ends it once its preStop hook returns)."""
     manifest = yaml.safe_load((EXAMPLES / "tiny-ppojob.yaml").read_text())
     manifest["metadata"] = {"name": name}
+    manifest["spec"]["checkpoint"]["terminationGracePeriodSeconds"] = 1
     for key, value in spec_overrides.items():
         if isinstance(value, dict) and isinstance(manifest["spec"].get(key), dict):
             manifest["spec"][key] = {**manifest["spec"][key], **value}

@@ -57,8 +57,7 @@ def kueue_job(name, queue_name, *, gpus=8, nodes=1, priority=None, steps=30, int
         scheduling["priorityClassName"] = priority
     return tiny_manifest(
         name, scheduling=scheduling, ppo={"numRollouts": steps, "numCriticOnlySteps": 1},
-        # KWOK deletes a pod only when its grace period is over, and nothing runs in it to checkpoint.
-        checkpoint={"interval": interval, "terminationGracePeriodSeconds": 1},
+        checkpoint={"interval": interval},
         resources={"nodes": nodes, "gpusPerNode": gpus},
     )
 
