@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 EXIT_STOPPED = 128 + signal.SIGTERM
 """The trainer's exit code after a stop it was asked for (as a shell reports a SIGTERM)."""
@@ -105,9 +106,10 @@ def stop_head(pid_file: Path) -> str:
     return f"the trainer {pid} exited {time.monotonic() - started:.1f}s after its SIGTERM"
 
 
-def stop_worker() -> str:
+def stop_worker(actors: Callable[[], list[int]] = job_actors) -> str:
+    """Wait until `actors` finds none (this container's job actors)."""
     started = time.monotonic()
-    while job_actors():
+    while actors():
         time.sleep(POLL_S)
     return f"the job's actors here were gone after {time.monotonic() - started:.1f}s"
 

@@ -88,7 +88,7 @@ def test_a_job_that_fits_is_admitted_and_one_that_does_not_waits_without_pods_un
     admitted = condition(first, "Admitted")
     assert (admitted["status"], admitted["reason"]) == ("True", "Admitted"), admitted
     assert f"through LocalQueue {queue}" in admitted["message"] and "queued since" in admitted["message"]
-    table = local_cluster.kubectl("get", "ppojobs", "-n", ns).stdout.splitlines()
+    table = local_cluster.kubectl("get", "ppojobs", "-n", ns, "-o", "wide").stdout.splitlines()
     assert table[0].split()[:3] == ["NAME", "PHASE", "ADMISSION"] and table[1].split()[2] == "Admitted", table
 
     apply(local_cluster, ns, kueue_job("second", queue, steps=3))

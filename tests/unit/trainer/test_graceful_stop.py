@@ -44,13 +44,15 @@ def test_the_head_hook_sends_sigterm_and_waits_for_the_trainer_to_save_and_exit(
 
 
 def test_the_worker_hook_waits_while_a_process_titled_as_an_actor_runs():
+    # This machine's /proc also shows other tests' Ray actors (and the real node's pods): the hook
+    # is asked about this test's actor only, as a container's /proc holds only its own processes.
     actor = subprocess.Popen(["bash", "-c", "exec -a 'ray::CriticWorker.train' sleep 1.5"])
     try:
         time.sleep(0.2)
         assert actor.pid in graceful_stop.job_actors()
         started = time.monotonic()
         threading.Thread(target=actor.wait, daemon=True).start()
-        graceful_stop.stop_worker()
+        graceful_stop.stop_worker(lambda: [pid for pid in graceful_stop.job_actors() if pid == actor.pid])
         assert time.monotonic() - started >= 1
     finally:
         actor.kill()
