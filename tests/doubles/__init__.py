@@ -1,7 +1,7 @@
 """Test doubles: stand-ins the tests run in place of what production runs.
 
 `sglang_server.py` is an SGLang server for CPUs (the built-in torch engine behind SGLang's HTTP
-API); the SGLang launcher starts it with `builtin=True` as `python -m tests.doubles.sglang_server`,
+API); the SGLang launcher starts it, given `sglang_server.program(...)`, as `python -m tests.doubles.sglang_server`,
 which resolves from the repository's root (`tests/conftest.py` puts the root on PYTHONPATH, so
 that the servers the tests' Ray workers launch find it too).
 """

@@ -5,7 +5,7 @@ repository's root) takes the flags that `rollout/sglang/server_args.py` builds f
 ones it cannot use, such as --mem-fraction-static, are accepted and reported by /server_info) and
 answers the endpoints the adapter calls with SGLang 0.5.23's request and response shapes. So the
 SGLang adapter is tested for real, across processes, on a CPU; the launcher starts it in place of
-SGLang with `builtin=True`. The weight-update group is a real process group built with
+SGLang when given `program(...)`. The weight-update group is a real process group built with
 `weight_sync/broadcast.py:open_weights_group`, the recipe SGLang uses.
 
 Where it cannot do what SGLang does, it answers as SGLang answers a call that fails:
@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from ppo_trainer.rollout.base import SamplingParams
+from ppo_trainer.rollout.sglang.server_args import ServerProgram
 from ppo_trainer.rollout.torch_engine import TorchRolloutEngine
 from ppo_trainer.weight_sync.broadcast import close_weights_group, open_weights_group, receive_bucket, torch_dtype
 from ppojob_api.spec import ModelSpec
@@ -369,6 +370,12 @@ def make_handler(server: BuiltinServer) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(data)
 
     return Handler
+
+
+def program(*args: str) -> ServerProgram:
+    """This server as the SGLang launcher runs it in SGLang's place, with `args` (its own flags,
+    e.g. --model-seed, --device) after the spec's."""
+    return ServerProgram(module="tests.doubles.sglang_server", args=args, on_gpu=False)
 
 
 def build_parser() -> argparse.ArgumentParser:

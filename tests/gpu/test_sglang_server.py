@@ -18,15 +18,16 @@ pytestmark = [
 ]
 pytest.importorskip("sglang", reason="needs sglang (bench/gpu_sglang_bundle.sh on the GPU machine)")
 
-from ppo_trainer.algorithms.ppo import chunked_log_probs_and_entropy  # noqa: E402
-from ppo_trainer.algorithms.rollout_correction import log_prob_mismatch, summarize_mismatch  # noqa: E402
-from ppo_trainer.rollout.base import SamplingParams  # noqa: E402
-from ppo_trainer.rollout.sglang.engine import SGLangRolloutEngine  # noqa: E402
-from ppo_trainer.rollout.sglang.launcher import launch_engine_server  # noqa: E402
-from ppojob_api.spec import ModelSpec, PPOJobSpec, RolloutSpec  # noqa: E402
+from ppo_trainer.algorithms.ppo import chunked_log_probs_and_entropy
+from ppo_trainer.algorithms.rollout_correction import log_prob_mismatch, summarize_mismatch
+from ppo_trainer.rollout.base import SamplingParams
+from ppo_trainer.rollout.sglang.engine import SGLangRolloutEngine
+from ppo_trainer.rollout.sglang.launcher import launch_engine_server
+from ppo_trainer.rollout.sglang.server_args import ServerProgram
+from ppojob_api.spec import ModelSpec, PPOJobSpec, RolloutSpec
 
 EOS = 151643
-ATTENTION_BACKEND = ["--attention-backend", "triton"]
+SGLANG_ON_TRITON = ServerProgram(args=("--attention-backend", "triton"))  # the bundle has no FlashAttention 3
 # Within bf16 round-off: the server's kernels (triton attention, its fused norms) and the
 # trainer's (torch's SDPA, F.rms_norm) round differently; a wrong token or stale weights moves a
 # log-prob by the spread of the logits, about 1 here (checked in each test).
@@ -37,9 +38,8 @@ MAX_K3 = 1e-3
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     """Workload A's shape (bench/gpu_workloads.py), random bf16 weights from seed 0."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
     from bench.gpu_workloads import MODELS
+    from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
     directory = tmp_path_factory.mktemp("qwen2.5-0.5b")
@@ -65,7 +65,7 @@ def server(spec, tmp_path_factory):
         host="127.0.0.1",
         log_dir=tmp_path_factory.mktemp("sglang-logs"),
         base_gpu_id=0,
-        extra_args=ATTENTION_BACKEND,
+        program=SGLANG_ON_TRITON,
         timeout_s=420,
     )
     yield started
@@ -174,7 +174,7 @@ def test_sleep_frees_memory_and_wake_restores_weights(engine):
 
     pynvml.nvmlInit()
     handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-    used = lambda: pynvml.nvmlDeviceGetMemoryInfo(handle).used / 2**30  # noqa: E731
+    used = lambda: pynvml.nvmlDeviceGetMemoryInfo(handle).used / 2**30
     rows = prompts(8, seed=4)
     greedy = SamplingParams(max_new_tokens=24, temperature=0.0)
     before = engine.generate(rows, greedy)

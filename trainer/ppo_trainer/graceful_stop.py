@@ -24,8 +24,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 EXIT_STOPPED = 128 + signal.SIGTERM
 """The trainer's exit code after a stop it was asked for (as a shell reports a SIGTERM)."""

@@ -7,6 +7,7 @@ does while unhealthy) and exits while serving the third, like a server killed mi
 from __future__ import annotations
 
 import pytest
+from tests.doubles import sglang_server
 
 from ppo_trainer.rollout.base import SamplingParams
 from ppo_trainer.rollout.sglang.client import RetryPolicy, RolloutServerError
@@ -27,8 +28,7 @@ def faulty_server(tmp_path_factory):
         engine_index=0,
         host="127.0.0.1",
         log_dir=tmp_path_factory.mktemp("rollout-logs"),
-        builtin=True,
-        extra_args=["--fault-unavailable-generates", "1", "--fault-exit-on-generate", "3"],
+        program=sglang_server.program("--fault-unavailable-generates", "1", "--fault-exit-on-generate", "3"),
         timeout_s=120,
     )
     yield server
@@ -58,4 +58,4 @@ def test_server_that_exits_at_start_is_reported_with_its_log(tmp_path):
     # The built-in server serves one device: tensorParallel 2 makes it exit (as a bad SGLang flag would).
     spec = SPEC.model_copy(update={"rollout": RolloutSpec(tensor_parallel=2)})
     with pytest.raises(ServerStartError, match=r"(?s)did not start: process \d+ exited with code 2.*--tp-size 2"):
-        launch_engine_server(spec, engine_index=0, host="127.0.0.1", log_dir=tmp_path, builtin=True, timeout_s=60)
+        launch_engine_server(spec, engine_index=0, host="127.0.0.1", log_dir=tmp_path, program=sglang_server.program(), timeout_s=60)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tests.doubles import sglang_server
 
 from ppo_trainer.models.builtin import build_policy
 from ppo_trainer.rollout.base import SamplingParams
@@ -35,9 +36,8 @@ def test_nccl_weight_sync_to_a_server_on_another_gpu_across_sleep_and_wake(tmp_p
         engine_index=0,
         host="127.0.0.1",
         log_dir=tmp_path,
-        builtin=True,
+        program=sglang_server.program("--device", "cuda", "--model-seed", "7"),
         base_gpu_id=1,
-        extra_args=["--device", "cuda", "--model-seed", "7"],
         timeout_s=300,
     )
     engine = SGLangRolloutEngine(servers=[server.client()], pad_token_id=258)

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
+from tests.doubles import sglang_server
 
 from ppo_trainer.models.builtin import build_policy
 from ppo_trainer.offload import OffloadError
@@ -41,8 +42,7 @@ def servers(tmp_path_factory):
             engine_index=index,
             host="127.0.0.1",
             log_dir=log_dir,
-            builtin=True,
-            extra_args=["--model-seed", str(MODEL_SEED)],
+            program=sglang_server.program("--model-seed", str(MODEL_SEED)),
             timeout_s=120,
         )
 

@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
+from tests.doubles import sglang_server
 
 from ppo_trainer.rollout.base import SamplingParams
 from ppo_trainer.rollout.sglang.engine import SGLangRolloutEngine
@@ -34,7 +35,7 @@ GREEDY = SamplingParams(max_new_tokens=5, temperature=0.0)
 def test_generate_through_the_router_equals_generate_on_the_servers(tmp_path):
     def launch(index: int):
         return launch_engine_server(
-            SPEC, engine_index=index, host="127.0.0.1", log_dir=tmp_path, builtin=True, extra_args=["--model-seed", "7"]
+            SPEC, engine_index=index, host="127.0.0.1", log_dir=tmp_path, program=sglang_server.program("--model-seed", "7")
         )
 
     with ThreadPoolExecutor(2) as pool:

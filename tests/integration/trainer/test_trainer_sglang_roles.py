@@ -12,6 +12,7 @@ import pytest
 import torch
 from conftest import tiny_spec
 from role_state import actor_weights
+from tests.doubles import sglang_server
 
 from ppo_trainer.reporting.reporters import Recorder
 from ppo_trainer.roles.build import PlacementError, build_roles, compute_layout
@@ -40,7 +41,9 @@ def served_greedy(url: str):
 
 def test_sglang_roles_sync_the_actor_weights_to_the_served_model(ray_session):
     spec = sglang_spec(ppo={"numRollouts": 1})
-    roles = build_roles(spec, compute_layout(spec, use_gpus=False), timeout=120, builtin_sglang_server=True)
+    # builtin:tiny is random: the stand-in serves the weights the actor starts from (the spec's seed).
+    cpu_server = sglang_server.program("--model-seed", str(spec.seed), "--device", "cpu")
+    roles = build_roles(spec, compute_layout(spec, use_gpus=False), timeout=120, sglang_server=cpu_server)
     try:
         [[url]] = roles.rollout.call(roles.rollout.worker_class.server_urls)
         before = served_greedy(url)

@@ -16,6 +16,7 @@ import pytest
 from ppo_trainer.rollout.sglang.launcher import compute_base_gpu_id
 from ppo_trainer.rollout.sglang.server_args import (
     ServerPlace,
+    ServerProgram,
     build_router_args,
     build_server_args,
     router_command,
@@ -81,7 +82,9 @@ def test_server_args_reject_a_bad_place(place, message):
 
 def test_commands_run_the_module_with_this_python():
     assert server_command(["--port", "1"]) == [sys.executable, "-m", "sglang.launch_server", "--port", "1"]
-    assert server_command(["--port", "1"], builtin=True, python="/py")[:3] == ["/py", "-m", "tests.doubles.sglang_server"]
+    stand_in = ServerProgram(module="tests.doubles.sglang_server", args=("--device", "cpu"), on_gpu=False)
+    assert server_command(["--port", "1"], program=stand_in, python="/py") == [
+        "/py", "-m", "tests.doubles.sglang_server", "--port", "1", "--device", "cpu"]
     assert router_command(["--port", "2"], python="/py") == ["/py", "-m", "sglang_router.launch_router", "--port", "2"]
 
 

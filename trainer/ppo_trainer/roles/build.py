@@ -13,9 +13,8 @@ what was asked and what the cluster has, instead of hanging; it then sets up the
 groups of the actor and the critic. Every role's process gets the compile caches' environment
 (`compile_cache.py`: under the checkpoint directory, so a restarted job finds them), and
 `Roles.take_compile_seconds` says how long the roles' processes spent compiling. An
-SGLang engine's server is launched by its rollout worker,
-on the worker's bundle; `builtin_sglang_server` serves it with the tests' stand-in for SGLang
-instead (`tests/doubles/sglang_server.py`, on CPUs), through the same launcher.
+SGLang engine's server is launched by its rollout worker, on the worker's bundle, as the
+`ServerProgram` says (SGLang's own; the tests hand in their CPU stand-in, `tests/doubles/`).
 """
 
 from __future__ import annotations
@@ -35,6 +34,7 @@ from ppo_trainer.roles.group import PerRank, RoleGroup
 from ppo_trainer.roles.handoff import ranks_sharing_samples
 from ppo_trainer.roles.ref import RefWorker
 from ppo_trainer.roles.rollout import RolloutWorker
+from ppo_trainer.rollout.sglang.server_args import SGLANG, ServerProgram
 from ppo_trainer.weight_sync import CUDA_IPC, WeightSyncPath, choose_path, weight_sync_path
 from ppojob_api.spec import PPOJobSpec, TrainingRole
 from ppojob_api.vocabulary import Placement, TrainBackend
@@ -258,13 +258,13 @@ def _wait(pg: PlacementGroup, *, what: str, bundles: list[dict], timeout: float)
         )
 
 
-def build_roles(spec: PPOJobSpec, layout: Layout, *, timeout: float, builtin_sglang_server: bool = False,
+def build_roles(spec: PPOJobSpec, layout: Layout, *, timeout: float, sglang_server: ServerProgram = SGLANG,
                 checkpoint_dir: str | None = None) -> Roles:
-    """Place and build every role. `builtin_sglang_server` (tests) serves rollout.engine SGLang with
-    the tests' stand-in server, which speaks SGLang's protocol and runs on a CPU. Every role's
+    """Place and build every role. `sglang_server` serves rollout.engine SGLang: SGLang's own server,
+    or (tests) a stand-in that speaks its protocol, on CPUs if it says so. Every role's
     process compiles into `compile_cache_dir(checkpoint_dir)` (`PPO_COMPILE_CACHE_DIR` in this
     process's environment moves it; neither: the compilers' own defaults)."""
-    if spec.rollout.engine == EngineKind.SGLANG and not layout.use_gpus and not builtin_sglang_server:
+    if spec.rollout.engine == EngineKind.SGLANG and not layout.use_gpus and sglang_server.on_gpu:
         raise PlacementError(
             "rollout.engine SGLang needs GPUs (SGLang is CUDA-only) and this cluster has none: "
             "use rollout.engine Torch on CPUs"
@@ -296,7 +296,7 @@ def build_roles(spec: PPOJobSpec, layout: Layout, *, timeout: float, builtin_sgl
         ray.remote(concurrency_groups={STATUS_CALLS: 1})(RolloutWorker)
         .options(**on(rollout_pg, engine_bundle[rank], engine_share))
         .remote(spec, rank=rank, device=layout.device, weight_sync=layout.weight_sync,
-                builtin_server=builtin_sglang_server)
+                sglang_server=sglang_server)
         for rank in range(layout.rollout_engines)
     ]
     share = layout.share(shared=True)

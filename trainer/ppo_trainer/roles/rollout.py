@@ -28,6 +28,7 @@ from ppo_trainer.rewards import build_reward
 from ppo_trainer.roles.base import use_all_cores
 from ppo_trainer.rollout.base import RolloutEngine, SamplingParams
 from ppo_trainer.rollout.layout import build_rollout_batch
+from ppo_trainer.rollout.sglang.server_args import SGLANG, ServerProgram
 from ppo_trainer.weight_sync import weight_sync_path
 from ppojob_api.spec import PPOJobSpec
 from ppojob_api.vocabulary import RewardType
@@ -46,38 +47,30 @@ class BuiltEngine:
 
 
 def build_engine(
-    spec: PPOJobSpec, *, device: str, rank: int, pad_token_id: int, builtin_server: bool = False
+    spec: PPOJobSpec, *, device: str, rank: int, pad_token_id: int, sglang_server: ServerProgram = SGLANG
 ) -> BuiltEngine:
-    """The engine of rollout rank `rank`. With rollout.engine SGLang this launches its server here,
-    on the bundle this process holds; `builtin_server` launches the tests' stand-in for SGLang
-    instead (`tests/doubles/sglang_server.py`, from a checkout: same launcher, arguments and
-    protocol, on a CPU; never for production)."""
-    if builtin_server and spec.rollout.engine != EngineKind.SGLANG:
-        raise ValueError("builtin_server stands in for SGLang servers: it needs rollout.engine SGLang")
+    """The engine of rollout rank `rank`. With rollout.engine SGLang this launches its server here
+    (`sglang_server`: SGLang's own, or a stand-in that speaks its protocol), on the bundle this
+    process holds."""
     if spec.rollout.engine == EngineKind.SGLANG:
-        return _launch_sglang(spec, device=device, rank=rank, pad_token_id=pad_token_id, builtin=builtin_server)
+        return _launch_sglang(spec, rank=rank, pad_token_id=pad_token_id, program=sglang_server)
     from ppo_trainer.rollout.torch_engine import TorchRolloutEngine
 
     engine = TorchRolloutEngine(model_spec=spec.model, device=device, seed=spec.seed, dtype=spec.model.dtype)
     return BuiltEngine(engine=engine, servers=[])
 
 
-def _launch_sglang(spec: PPOJobSpec, *, device: str, rank: int, pad_token_id: int, builtin: bool) -> BuiltEngine:
+def _launch_sglang(spec: PPOJobSpec, *, rank: int, pad_token_id: int, program: ServerProgram) -> BuiltEngine:
     from ppo_trainer.roles.group import node_ip
     from ppo_trainer.rollout.sglang.engine import SGLangRolloutEngine
     from ppo_trainer.rollout.sglang.launcher import launch_engine_server
 
-    extra_args = []
-    if builtin:
-        # builtin:tiny is random: serve the weights the actor starts from, on this worker's device.
-        extra_args = ["--model-seed", str(spec.seed), "--device", "cuda" if device.startswith("cuda") else "cpu"]
     server = launch_engine_server(
         spec,
         engine_index=rank,
         host=node_ip(),
         log_dir=tempfile.mkdtemp(prefix=f"ppo-rollout-{rank}-"),
-        builtin=builtin,
-        extra_args=extra_args,
+        program=program,
     )
     engine = SGLangRolloutEngine(
         servers=[server.client()], pad_token_id=pad_token_id, tensor_parallel=spec.rollout.tensor_parallel
@@ -91,9 +84,10 @@ class RolloutWorker:
     role = "rollout"
 
     def __init__(
-        self, spec: PPOJobSpec, *, rank: int, device: str, weight_sync: str, builtin_server: bool = False
+        self, spec: PPOJobSpec, *, rank: int, device: str, weight_sync: str, sglang_server: ServerProgram = SGLANG
     ) -> None:
-        """`weight_sync`: the run's weight-sync path (`weight_sync.PATHS`)."""
+        """`weight_sync`: the run's weight-sync path (`weight_sync.PATHS`); `sglang_server`: what serves
+        rollout.engine SGLang."""
         from ppo_trainer.models.tokenizer import load_tokenizer
 
         use_all_cores(device)
@@ -102,7 +96,7 @@ class RolloutWorker:
         self.device = device
         self.tokenizer = load_tokenizer(spec.model)
         built = build_engine(
-            spec, device=device, rank=rank, pad_token_id=self.tokenizer.pad_token_id, builtin_server=builtin_server
+            spec, device=device, rank=rank, pad_token_id=self.tokenizer.pad_token_id, sglang_server=sglang_server
         )
         self.engine, self.servers = built.engine, built.servers
         self.reward = build_reward(REWARD_KINDS[spec.reward.type], custom_function=spec.reward.function)

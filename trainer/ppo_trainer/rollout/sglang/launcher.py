@@ -1,6 +1,6 @@
 """Starting and stopping rollout server processes: one per engine on its bundle, a router before several.
 
-`ServerProcess` runs one command line (an SGLang server, the built-in server, or the router) in
+`ServerProcess` runs one command line (an engine's server or the router) in
 its own process group, under a guard that takes the group down if the launching worker dies,
 with its output in a log file, waits until /health answers 200 (failing
 early, with the log's tail, when the process exits), tells after the fact why it died, and
@@ -24,7 +24,9 @@ from pathlib import Path
 
 from ppo_trainer.rollout.sglang.client import DEFAULT_RETRY, RetryPolicy, SGLangClient
 from ppo_trainer.rollout.sglang.server_args import (
+    SGLANG,
     ServerPlace,
+    ServerProgram,
     build_router_args,
     build_server_args,
     router_command,
@@ -201,18 +203,16 @@ def launch_engine_server(
     engine_index: int,
     host: str,
     log_dir: Path,
-    builtin: bool = False,
+    program: ServerProgram = SGLANG,
     base_gpu_id: int | None = None,
-    extra_args: list[str] | None = None,
     timeout_s: float = 600.0,
 ) -> ServerProcess:
     """Start engine `engine_index`'s server on this node and wait until it is healthy.
 
-    SGLang (default) needs the calling process to hold the engine's bundle; its base GPU id comes
-    from that bundle unless given. `builtin=True` starts the built-in server on the CPU instead
-    (same arguments; builtin:tiny is served as is).
+    SGLang (`program`'s default) needs the calling process to hold the engine's bundle; its base GPU
+    id comes from that bundle unless given. A program for CPUs is given the model path as written.
     """
-    if builtin:
+    if not program.on_gpu:
         model_path, base = spec.model.path, base_gpu_id or 0
     else:
         model_path = resolve_sglang_model_path(spec)
@@ -221,10 +221,9 @@ def launch_engine_server(
         )
     port = free_port(host)
     place = ServerPlace(model_path=model_path, host=host, port=port, base_gpu_id=base, engine_index=engine_index)
-    args = build_server_args(spec, place) + list(extra_args or [])
     server = ServerProcess(
         name=f"rollout engine {engine_index}",
-        command=server_command(args, builtin=builtin),
+        command=server_command(build_server_args(spec, place), program=program),
         url=f"http://{_url_host(host)}:{port}",
         log_path=Path(log_dir) / f"rollout-engine-{engine_index}.log",
     )

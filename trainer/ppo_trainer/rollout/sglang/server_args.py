@@ -3,8 +3,9 @@
 Pure functions: the spec and where the server runs (model directory, host, port, base GPU id) in,
 an argv out. Flag names are those of `sglang.srt.server_args` and `sglang_router.launch_router`
 at the pinned versions (tests/unit/trainer/test_sglang_server_args.py checks them against
-SGLang's own parser where it can be imported). The built-in server accepts the same flags, so one
-builder serves both. Depends on the API spec and the standard library only (no torch, no sglang).
+SGLang's own parser where it can be imported). A `ServerProgram` says what runs them: SGLang's own
+server, or a program that takes the same flags and speaks the same protocol (the tests' CPU
+stand-in, `tests/doubles/`). Depends on the API spec and the standard library only (no torch, no sglang).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from dataclasses import dataclass
 from ppojob_api.spec import PPOJobSpec
 
 SGLANG_SERVER_MODULE = "sglang.launch_server"
-BUILTIN_SERVER_MODULE = "tests.doubles.sglang_server"
 ROUTER_MODULE = "sglang_router.launch_router"
 
 # The seed framework's routing policy for RL rollouts: prompts sharing a prefix go to one engine.
@@ -23,11 +23,26 @@ ROUTER_POLICY = "cache_aware"
 
 
 @dataclass(frozen=True)
+class ServerProgram:
+    """The program an engine's server runs: `python -m MODULE <the spec's flags> ARGS`."""
+
+    module: str = SGLANG_SERVER_MODULE
+    args: tuple[str, ...] = ()
+    """Flags of this program's own, after the spec's."""
+    on_gpu: bool = True
+    """False: a program for CPUs, which is given the model path as written (builtin:tiny too) and
+    GPU id 0 unless told otherwise, instead of the Hugging Face directory and the bundle's GPU."""
+
+
+SGLANG = ServerProgram()
+
+
+@dataclass(frozen=True)
 class ServerPlace:
     """Where one engine's server runs."""
 
     model_path: str
-    """A Hugging Face directory for SGLang (the built-in server also takes builtin:tiny)."""
+    """A Hugging Face directory for SGLang (a program for CPUs may also take builtin:tiny)."""
     host: str
     port: int
     base_gpu_id: int = 0
@@ -67,10 +82,9 @@ def build_server_args(spec: PPOJobSpec, place: ServerPlace) -> list[str]:
     return args
 
 
-def server_command(args: list[str], *, builtin: bool = False, python: str | None = None) -> list[str]:
-    """The full command line: `python -m sglang.launch_server ARGS` (or the built-in server)."""
-    module = BUILTIN_SERVER_MODULE if builtin else SGLANG_SERVER_MODULE
-    return [python or sys.executable, "-m", module, *args]
+def server_command(args: list[str], *, program: ServerProgram = SGLANG, python: str | None = None) -> list[str]:
+    """The full command line: `python -m sglang.launch_server ARGS` (or `program`'s module and flags)."""
+    return [python or sys.executable, "-m", program.module, *args, *program.args]
 
 
 def build_router_args(*, worker_urls: list[str], host: str, port: int, policy: str = ROUTER_POLICY) -> list[str]:
