@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import OperatorProcess
 from operator_itest import apply, free_port, kget, sample, scrape, tiny_manifest, wait_for, wait_phase
+from operator_process import OperatorProcess
 
 pytestmark = [pytest.mark.cluster]
 

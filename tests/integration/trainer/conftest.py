@@ -1,7 +1,7 @@
 """Real Ray on CPU for the trainer's integration tests: one light local instance for the session.
 
 Token authentication is configured (a private token) before Ray is imported, as the CLI does.
-`tiny_spec(**overrides)` is the spec factory: builtin:tiny on the synthetic task, small batches.
+The spec factory, `tiny_spec`, is in trainer_specs.py.
 """
 
 from __future__ import annotations
@@ -15,30 +15,10 @@ from ppo_trainer.cli import configure_ray_auth
 configure_ray_auth(joining=False)
 
 import ray
+from trainer_specs import tiny_spec
 
 from ppo_trainer.roles.build import build_roles, compute_layout
 from ppo_trainer.train import restore_roles, save_roles
-from ppojob_api.spec import PPOJobSpec, parse_spec
-
-
-def _merge(base: dict, overrides: dict) -> dict:
-    for key, value in overrides.items():
-        base[key] = _merge(dict(base.get(key) or {}), value) if isinstance(value, dict) else value
-    return base
-
-
-def tiny_spec(**overrides) -> PPOJobSpec:
-    """A tiny CPU job; keyword overrides are camelCase spec sections, merged (e.g. ppo={"numRollouts": 3})."""
-    raw = {
-        "image": "local",
-        "seed": 1,
-        "model": {"path": "builtin:tiny"},
-        "actor": {"learningRate": 1e-2, "microBatchSize": 32},
-        "rollout": {"batchSize": 32, "maxNewTokens": 16},
-        "ppo": {"numRollouts": 2, "numCriticOnlySteps": 0, "klCoef": 0.001, "epochs": 2},
-        "checkpoint": {"interval": 0},
-    }
-    return parse_spec(_merge(raw, overrides))
 
 
 @pytest.fixture(scope="session")

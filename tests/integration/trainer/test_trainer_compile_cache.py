@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 import ray
-from conftest import tiny_spec
+from trainer_specs import tiny_spec
 
 from ppo_trainer.compile_cache import OVERRIDE_ENV
 from ppo_trainer.reporting.metrics import StepMetrics, summarize_run

@@ -5,7 +5,7 @@ starts a new run's critic from it bit for bit."""
 from __future__ import annotations
 
 import torch
-from conftest import tiny_spec
+from trainer_specs import tiny_spec
 
 from ppo_trainer.checkpoint import read_role_state
 from ppo_trainer.reporting.metrics import StepMetrics, summarize_run

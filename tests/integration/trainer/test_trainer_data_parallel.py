@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import ray
 import torch
-from conftest import tiny_spec
 from role_state import weights_digests
+from trainer_specs import tiny_spec
 
 from ppo_trainer.checkpoint import read_role_state
 from ppo_trainer.data import PromptSampler

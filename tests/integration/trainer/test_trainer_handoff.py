@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import ray
 import torch
-from conftest import tiny_spec
 from role_state import received_values, record_received_values
+from trainer_specs import tiny_spec
 
 from ppo_trainer.data import synthetic_prompts
 from ppo_trainer.reporting.reporters import Recorder

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import tiny_spec
+from trainer_specs import tiny_spec
 
 from ppo_trainer.reporting.metrics import StepMetrics, summarize_run
 from ppo_trainer.reporting.reporters import Recorder

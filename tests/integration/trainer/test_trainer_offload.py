@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import ray
-from conftest import tiny_spec
 from role_state import link_states
+from trainer_specs import tiny_spec
 
 from ppo_trainer.reporting.reporters import Recorder
 from ppo_trainer.roles.build import build_roles, compute_layout

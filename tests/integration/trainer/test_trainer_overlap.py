@@ -11,7 +11,7 @@ import itertools
 import time
 
 import pytest
-from conftest import tiny_spec
+from trainer_specs import tiny_spec
 
 from ppo_trainer.reporting.metrics import StepMetrics, summarize_run
 from ppo_trainer.reporting.reporters import Recorder

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_spec
 from role_state import actor_weights
 from tests.doubles import sglang_server
+from trainer_specs import tiny_spec
 
 from ppo_trainer.reporting.reporters import Recorder
 from ppo_trainer.roles.build import PlacementError, build_roles, compute_layout

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ray
 import torch
-from conftest import tiny_spec
+from trainer_specs import tiny_spec
 
 from ppo_trainer.algorithms import summarize_mismatch
 from ppo_trainer.roles.actor import ActorWorker

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from conftest import tiny_spec
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from trainer_specs import tiny_spec
 
 from ppo_trainer.reporting.metrics import StepMetrics
 from ppo_trainer.reporting.reporters import FanOut, Recorder

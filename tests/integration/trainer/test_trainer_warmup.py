@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from conftest import tiny_spec
 from role_state import weights_digests
+from trainer_specs import tiny_spec
 
 from ppo_trainer.reporting.reporters import Recorder
 from ppo_trainer.train import run_on

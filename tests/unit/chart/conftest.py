@@ -7,11 +7,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from chart_paths import CHART
 
 from local_cluster.pins import build_dir, load_pins
-
-REPO = Path(__file__).resolve().parents[3]
-CHART = REPO / "charts" / "ppojob-operator"
 
 
 @pytest.fixture(scope="session")

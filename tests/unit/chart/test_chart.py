@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 import yaml
-from conftest import CHART, REPO
+from chart_paths import CHART, REPO
 
 from ppo_operator.builders.common import BuildOptions
 from ppo_operator.builders.network_policy import build_network_policy

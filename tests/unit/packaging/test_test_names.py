@@ -1,6 +1,7 @@
-"""Test modules are imported by their file name alone (pytest's default import mode, which the
-`from conftest import` helpers need), so two test files of one name anywhere under tests/ stop the
-whole run at collection."""
+"""Test files and their helper modules are imported by their file name alone (pytest's default
+import mode puts their folder on sys.path; helpers are imported as `from role_state import ...`), so
+two modules of one name in folders without an __init__.py under tests/ shadow each other, and two
+test files of one name stop the whole run at collection."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parents[2]
 
 
-def test_every_test_file_name_is_unique_under_tests():
+def test_every_module_imported_by_its_file_name_is_unique_under_tests():
     by_name = collections.defaultdict(list)
-    for path in TESTS.rglob("test_*.py"):
-        by_name[path.name].append(str(path.relative_to(TESTS)))
+    for path in TESTS.rglob("*.py"):
+        if path.name != "conftest.py" and not (path.parent / "__init__.py").exists():
+            by_name[path.name].append(str(path.relative_to(TESTS)))
     repeated = {name: paths for name, paths in by_name.items() if len(paths) > 1}
     assert not repeated, f"rename one of each: {repeated}"
