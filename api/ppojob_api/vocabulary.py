@@ -58,6 +58,8 @@ class Stage(str, enum.Enum):
     GENERATE_CRITIC_TRAIN = "Generate+CriticTrain"
     GENERATE_ACTOR_TRAIN = "Generate+ActorTrain"
     WEIGHT_SYNC = "WeightSync"
+    EVALUATE = "Evaluate"
+    """The policy answers the held-out prompts of data.validation."""
     CHECKPOINT = "Checkpoint"
     DONE = "Done"
 
