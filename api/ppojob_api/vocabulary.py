@@ -113,6 +113,7 @@ class Reason(str, enum.Enum):
     WARMUP_DONE = "CriticWarmupDone"
     TRAINING = "Training"
     CHECKPOINT_WRITTEN = "CheckpointWritten"
+    EVALUATED = "Evaluated"
     POD_LOST = "PodLost"
     RESTARTING = "Restarting"
     BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
