@@ -176,10 +176,30 @@ class OffloadSpec(_Model):
     """With `train`: a sleeping role's ranks also destroy their process groups (NCCL communicators)."""
 
 
+class ValidationSpec(_Model):
+    prompts: str | None = Field(None, min_length=1)
+    """Held-out prompts (a JSONL file read with data.promptKey and data.labelKey, or 'synthetic');
+    unset: no evaluation."""
+    count: int | None = Field(None, ge=0)
+    """Evaluate on the file's first `count` prompts; unset or 0: all of them."""
+    interval: int | None = Field(None, ge=0)
+    """Evaluate after every `interval` steps, and after the last; unset or 0: after the last only."""
+    temperature: float | None = Field(None, ge=0)
+    """Sampling temperature of the evaluation (with rollout.topP); unset or 0: greedy."""
+    max_new_tokens: int | None = Field(None, ge=1)
+    """Longest response; defaults to rollout.maxNewTokens."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.prompts is not None
+
+
 class DataSpec(_Model):
     prompts: str = "synthetic"
     prompt_key: str = "prompt"
     label_key: str = "label"
+    validation: ValidationSpec = ValidationSpec()
+    """Held-out prompts the policy is evaluated on during training (off while prompts is unset)."""
 
 
 class RewardSpec(_Model):
@@ -408,6 +428,12 @@ CRITIC_SAVE_OFF_THE_VOLUME = (
 )
 
 
+VALIDATION_NEEDS_PROMPTS = (
+    "data.validation.count, interval, temperature and maxNewTokens set how held-out prompts are evaluated, but"
+    " data.validation.prompts is unset: set it to a JSONL file of prompts (or synthetic), or remove data.validation"
+)
+
+
 def is_folder_under(path: str, directory: str) -> bool:
     """`path` names a folder inside `directory`, as the CRD's CEL rule reads it: by its characters
     (`directory` and a '/' are a prefix, something follows, no '..' segment), not by the file system."""
@@ -475,6 +501,10 @@ def check_semantics(spec: PPOJobSpec) -> list[str]:
             "ppo.clipEpsHigh must be at least ppo.clipEps (it widens the upper clip bound); remove it to use"
             " clipEps on both sides"
         )
+    validation = spec.data.validation
+    settings = (validation.count, validation.interval, validation.temperature, validation.max_new_tokens)
+    if not validation.enabled and any(value is not None for value in settings):
+        problems.append(VALIDATION_NEEDS_PROMPTS)
     checkpoint = spec.checkpoint
     if checkpoint.volume_claim and spec.critic.save is not None and not is_folder_under(spec.critic.save, checkpoint.path):
         problems.append(CRITIC_SAVE_OFF_THE_VOLUME)

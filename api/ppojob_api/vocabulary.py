@@ -58,6 +58,8 @@ class Stage(str, enum.Enum):
     GENERATE_CRITIC_TRAIN = "Generate+CriticTrain"
     GENERATE_ACTOR_TRAIN = "Generate+ActorTrain"
     WEIGHT_SYNC = "WeightSync"
+    EVALUATE = "Evaluate"
+    """The policy answers the held-out prompts of data.validation."""
     CHECKPOINT = "Checkpoint"
     DONE = "Done"
 
@@ -111,6 +113,7 @@ class Reason(str, enum.Enum):
     WARMUP_DONE = "CriticWarmupDone"
     TRAINING = "Training"
     CHECKPOINT_WRITTEN = "CheckpointWritten"
+    EVALUATED = "Evaluated"
     POD_LOST = "PodLost"
     RESTARTING = "Restarting"
     BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"

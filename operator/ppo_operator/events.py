@@ -2,7 +2,7 @@
 
 Each phase change and each condition flip becomes one Event (Warning for failures), so that
 `kubectl describe ppojob` reads as the job's history. Progress events (warm-up k/N, checkpoint
-written) come from two successive trainer reports. Pure.
+written, held-out evaluation) come from two successive trainer reports. Pure.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def compute_events(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Event
 
 
 def compute_progress_events(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Event]:
-    """Events for what the trainer reported since its previous report: warm-up steps, checkpoints."""
+    """Events for what the trainer reported since its previous report: warm-up steps, checkpoints, evaluations."""
     events: list[Event] = []
     done, total = new.get("criticOnlyStepsDone"), new.get("criticOnlySteps")
     if done and done != old.get("criticOnlyStepsDone") and total:
@@ -70,7 +70,18 @@ def compute_progress_events(old: Mapping[str, Any], new: Mapping[str, Any]) -> l
         events.append(
             _event(Reason.CHECKPOINT_WRITTEN.value, f"checkpoint of step {checkpoint['step']} at {checkpoint.get('path', '?')}")
         )
+    evaluation = new.get("evaluation") or {}
+    if evaluation.get("step") is not None and evaluation != (old.get("evaluation") or {}):
+        events.append(_event(Reason.EVALUATED.value, describe_evaluation(evaluation)))
     return events
+
+
+def describe_evaluation(evaluation: Mapping[str, Any]) -> str:
+    """One line for `status.progress.evaluation`: 'held-out evaluation after step 20: mean reward 0.4213, pass rate
+    0.3000 (64 prompts)'."""
+    passed = f", pass rate {evaluation['passRate']:.4f}" if evaluation.get("passRate") is not None else ""
+    return (f"held-out evaluation after step {evaluation['step']}: mean reward {evaluation.get('rewardMean', 0.0):.4f}"
+            f"{passed} ({evaluation.get('samples', '?')} prompts)")
 
 
 def compute_refused_report_event(reply: str) -> Event:

@@ -4,7 +4,8 @@ CONFIG is a PPOJob manifest or its bare spec (YAML); `image` defaults to "local"
 merges a per-role YAML of critic overrides into `spec.critic`, checked by the same parser (unknown
 or removed keys named with their replacement, "1e-5" read as a number). A bad config or custom
 advantage or reward function (checked before Ray starts) exits with code 2 and its message, never
-a traceback; an error raised inside Ray is shown as its cause, in one line. Ray's token
+a traceback, as does a prompt file (data.prompts, data.validation.prompts) that is missing or does
+not parse; an error raised inside Ray is shown as its cause, in one line. Ray's token
 authentication is set explicitly: a private token and temp dir per local run; on a cluster, token
 mode with the token the operator provides (RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH). SIGTERM stops
 the run between two steps with the steps since the last checkpoint saved, exit code 143
@@ -92,6 +93,21 @@ def check_reward_function(ref: str) -> None:
     CustomReward.load(ref)
 
 
+def check_prompt_files(spec: PPOJobSpec) -> None:
+    """Read the training and held-out prompt files, before any Ray work: a missing or malformed one is a
+    ConfigError naming its field."""
+    from ppo_trainer.data import load_jsonl_prompts
+
+    data = spec.data
+    for field, path in (("data.prompts", data.prompts), ("data.validation.prompts", data.validation.prompts)):
+        if path in (None, "synthetic"):
+            continue
+        try:
+            load_jsonl_prompts(path, prompt_key=data.prompt_key, label_key=data.label_key)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{field}: {exc}; fix the file or point {field} at another") from None
+
+
 def configure_ray_auth(*, joining: bool) -> None:
     """Token authentication on, explicitly; a fresh private token for a local cluster. Must run
     before Ray is imported: Ray reads these variables once, at import."""
@@ -158,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             check_advantage_function(spec.ppo.custom_advantage_function)
         if spec.reward.function:
             check_reward_function(spec.reward.function)
+        check_prompt_files(spec)
         run_dir = Path(args.run_dir or Path("runs") / name)
         checkpoint_dir = Path(spec.checkpoint.path) if args.address else run_dir / "checkpoints"
         if not args.resume and any(checkpoint_dir.glob("step-*")):

@@ -14,7 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Prompt", "PromptSampler", "load_jsonl_prompts", "synthetic_prompts"]
+__all__ = ["SYNTHETIC_SET_SIZE", "Prompt", "PromptSampler", "load_jsonl_prompts", "synthetic_prompts"]
+
+SYNTHETIC_SET_SIZE = 1024
+"""How many prompts `synthetic` stands for (data.prompts, data.validation.prompts)."""
 
 
 @dataclass(frozen=True)

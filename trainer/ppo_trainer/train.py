@@ -6,7 +6,9 @@ log-probs once (and how far the actor's are from the engine's), trains the criti
 gets its output back as ObjectRefs, and, unless the step is a critic-only warm-up step, trains
 the actor on those refs (each actor rank gets the critic ranks' refs that hold its samples,
 `Roles.values_for_actor`; the driver never fetches them) and sends the new weights to the
-engines. In warm-up steps the actor did not change, so the sync is skipped and counted. With
+engines. In warm-up steps the actor did not change, so the sync is skipped and counted. When
+data.validation is set, a step whose count is due ends with an evaluation on the held-out prompts
+(`evaluation.py`), on the weights the engines then hold. With
 `ppo.schedule` OneStepOverlap the next step's batch is started as soon as this step's is out (on
 the weights the engines hold, one update behind the actor's at most) and trains next step; the
 weight sync first waits for it, since the engines take no weights mid-batch. `run`
@@ -31,7 +33,8 @@ from ppo_trainer.checkpoint import (
     restore_rng,
     write_pending_batch,
 )
-from ppo_trainer.data import PromptSampler, load_jsonl_prompts, synthetic_prompts
+from ppo_trainer.data import SYNTHETIC_SET_SIZE, PromptSampler, load_jsonl_prompts, synthetic_prompts
+from ppo_trainer.evaluation import Evaluation, Evaluator
 from ppo_trainer.failures import describe_failure
 from ppo_trainer.graceful_stop import StopRequest, TrainerStopped
 from ppo_trainer.reporting.metrics import StageTimer, StepMetrics
@@ -46,11 +49,9 @@ from ppo_trainer.roles.rollout import RolloutWorker
 from ppojob_api.spec import PPOJobSpec
 from ppojob_api.vocabulary import Schedule, Stage
 
-SYNTHETIC_PROMPTS = 1024
-
 
 def train(spec: PPOJobSpec, *, roles: Roles, sampler: PromptSampler, state: TrainerState, status: ProgressTracker,
-          checkpoints: CheckpointManager | None, pending: Generation | None = None,
+          checkpoints: CheckpointManager | None, evaluator: Evaluator, pending: Generation | None = None,
           stop: StopRequest | None = None) -> TrainerState:
     ppo, critic_updates = spec.ppo, spec.critic.updates_per_actor_update
     overlap = ppo.schedule == Schedule.ONE_STEP_OVERLAP
@@ -99,8 +100,13 @@ def train(spec: PPOJobSpec, *, roles: Roles, sampler: PromptSampler, state: Trai
             state.critic_only_steps_done += 1
             state.weight_syncs_skipped += 1  # the actor did not change: nothing to send
         state.step = step + 1
+        evaluation = None
+        if evaluator.is_due(state.step):  # held-out prompts, on the weights just synced; seeds of its own
+            status.stage(Stage.EVALUATE, state=state)
+            evaluation = evaluator.evaluate(roles.rollout, step=state.step)
         metrics = summarize(step, critic_only, rollout_stats, critic_stats, actor_stats, ray.get(mismatch), timer,
-                            actor_version=ppo.actor_updates_before(step), compile_seconds=roles.take_compile_seconds())
+                            actor_version=ppo.actor_updates_before(step), compile_seconds=roles.take_compile_seconds(),
+                            evaluation=evaluation)
         state.history.append(metrics.to_dict())
         status.step_done(metrics, state=state)
         if checkpoints is not None and should_checkpoint(spec, state.step):
@@ -134,11 +140,12 @@ def generate(roles: Roles, spec: PPOJobSpec, sampler: PromptSampler, step: int) 
 
 
 def summarize(step, critic_only, rollout_stats, critic_stats, actor_stats, mismatch, timer, *,
-              actor_version: int, compile_seconds: float) -> StepMetrics:
+              actor_version: int, compile_seconds: float, evaluation: Evaluation | None = None) -> StepMetrics:
     """One step's metrics from the per-rank statistics (sums for counts, means for the rest; the
     trainer's and the engine's log-probs compared over every rank's tokens); the staleness from
     the weights version the engines stamped on the batch and the actor's (`actor_version`);
-    `compile_seconds`: the roles' seconds in torch.compile during the step."""
+    `compile_seconds`: the roles' seconds in torch.compile during the step; `evaluation`: the
+    held-out evaluation the step ended with, if any."""
     samples = sum(s["samples"] for s in rollout_stats)
     generated_by = int(min(s["weights_version"] for s in rollout_stats))
 
@@ -157,6 +164,9 @@ def summarize(step, critic_only, rollout_stats, critic_stats, actor_stats, misma
         staleness=actor_version - generated_by, rollout_weights_version=generated_by,
         generation_seconds=max(s["seconds"] for s in rollout_stats),
         generated_at=(min(s["started_at"] for s in rollout_stats), max(s["finished_at"] for s in rollout_stats)),
+        **({} if evaluation is None else {
+            "eval_reward_mean": evaluation.reward_mean, "eval_pass_rate": evaluation.pass_rate,
+            "eval_samples": evaluation.samples, "eval_seconds": evaluation.seconds}),
     )
 
 
@@ -219,7 +229,7 @@ def save_roles(roles: Roles, directory) -> None:
 
 def load_prompts(spec: PPOJobSpec):
     if spec.data.prompts == "synthetic":
-        return synthetic_prompts(SYNTHETIC_PROMPTS, seed=spec.seed)
+        return synthetic_prompts(SYNTHETIC_SET_SIZE, seed=spec.seed)
     return load_jsonl_prompts(spec.data.prompts, prompt_key=spec.data.prompt_key, label_key=spec.data.label_key)
 
 
@@ -240,6 +250,7 @@ def run_on(roles: Roles, spec: PPOJobSpec, *, reporter: Reporter, checkpoint_dir
     """Run the job on built roles: restore the latest checkpoint when resuming, then train to the end."""
     checkpoints = CheckpointManager(checkpoint_dir, keep=spec.checkpoint.keep) if checkpoint_dir else None
     sampler = PromptSampler(load_prompts(spec), spec.rollout.batch_size, seed=spec.seed)
+    evaluator = Evaluator.from_spec(spec)
     state = TrainerState()
     latest = checkpoints.latest() if (checkpoints and resume) else None
     pending = None
@@ -264,7 +275,7 @@ def run_on(roles: Roles, spec: PPOJobSpec, *, reporter: Reporter, checkpoint_dir
         roles.sync_weights(version=spec.ppo.actor_updates_before(state.step))
     try:
         return train(spec, roles=roles, sampler=sampler, state=state, status=status, checkpoints=checkpoints,
-                     pending=pending, stop=stop)
+                     evaluator=evaluator, pending=pending, stop=stop)
     except TrainerStopped as stopped:  # not a failure: the job goes on from the checkpoint when it resumes
         reporter.event("note", line=str(stopped))
         raise

@@ -54,6 +54,16 @@ def test_progress_events_for_warmup_steps_and_checkpoints():
     assert compute_progress_events({**new, "lastCheckpoint": {**new["lastCheckpoint"], "time": "t"}}, resumed) == []
 
 
+def test_a_new_held_out_evaluation_is_an_event_with_its_step_and_values():
+    old = {"step": 4, "evaluation": {"step": 2, "rewardMean": 0.25, "samples": 64}}
+    new = {"step": 5, "evaluation": {"step": 5, "rewardMean": 0.421349, "passRate": 0.3, "samples": 64}}
+    assert compute_progress_events(old, new) == [Event(
+        "Normal", "Evaluated", "held-out evaluation after step 5: mean reward 0.4213, pass rate 0.3000 (64 prompts)")]
+    assert compute_progress_events(new, {**new, "step": 6}) == []  # the same evaluation, reported again
+    assert compute_progress_events({}, old)[0].message == (
+        "held-out evaluation after step 2: mean reward 0.2500 (64 prompts)")  # no pass rate: a graded reward
+
+
 def test_a_refused_status_of_an_invalid_spec_becomes_an_invalid_spec_warning_with_the_servers_words():
     status = {"phase": "Failed", "reason": "InvalidSpec", "message": "spec.ppo.numRollouts: not an integer"}
     reply = '{"kind":"Status","message":"PPOJob \\"bad\\" is invalid: expected int, got string","code":422}'

@@ -128,6 +128,19 @@ def _running_body(**spec):
     return body, gang
 
 
+def test_the_trainers_evaluation_is_folded_into_the_status_as_reported():
+    body, gang = _running_body()
+    report = {"attempt": 0, "step": 4, "criticOnlyStepsDone": 2, "criticOnlySteps": 2, "heartbeatTime": format_time(NOW),
+              "evaluation": {"step": 4, "rewardMean": 0.42, "passRate": 0.3, "samples": 64}}
+    running = Observed(clusters=(cluster(0),), pods=gang, identity_ready=True, trainer=RUNNING)
+    status = compute_status(Job.from_body(body).with_report(report), running, NOW + timedelta(seconds=2))
+    assert status["phase"] == "Training" and status["progress"]["evaluation"] == report["evaluation"]
+    body = advance(body, status)
+    later = {**report, "step": 5, "evaluation": {"step": 5, "rewardMean": 0.5, "samples": 64}}
+    status = compute_status(Job.from_body(body).with_report(later), running, NOW + timedelta(seconds=3))
+    assert status["progress"]["evaluation"] == {"step": 5, "rewardMean": 0.5, "samples": 64}  # no stale pass rate
+
+
 def test_a_deleted_pod_restarts_the_job_from_its_checkpoint():
     body, gang = _running_body()
     body["status"]["progress"] = {"lastCheckpoint": {"step": 2, "path": "/c/2"}, "heartbeatTime": format_time(NOW)}

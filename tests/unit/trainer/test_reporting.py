@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from ppo_trainer.reporting.kubernetes import KubernetesReporter, Throttle, progress_patch
-from ppo_trainer.reporting.reporters import CheckpointInfo, JsonLinesReporter, Progress
+from ppo_trainer.reporting.reporters import CheckpointInfo, EvaluationInfo, JsonLinesReporter, Progress
 from ppojob_api.vocabulary import RolloutResidency, Stage, TrainResidency
 
 
@@ -58,11 +58,14 @@ def test_reporting_progress_fields_are_the_crds():
     crd = yaml.safe_load((Path(__file__).resolve().parents[3] / "crds" / "ppojobs.ppojob.io.yaml").read_text())
     schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["progress"]
     p = progress(metrics={"rewardMean": 0.5}, last_checkpoint=CheckpointInfo(step=2, path="/c", time="t"),
-                 error="boom", estimated_remaining_seconds=200.4)
+                 error="boom", estimated_remaining_seconds=200.4,
+                 last_evaluation=EvaluationInfo(step=2, reward_mean=0.5, pass_rate=0.5, samples=4))
     status = progress_patch(p, now="2026-01-01T00:00:00Z")
     fields = reported(status)
     assert (fields["estimatedRemainingSeconds"], fields["eta"], fields["percent"]) == (200, "3m20s", 30)
     assert set(fields) <= set(schema["properties"]), set(fields) - set(schema["properties"])
+    # the API server prunes what the schema does not name: the evaluation's keys are all there
+    assert set(fields["evaluation"]) == set(schema["properties"]["evaluation"]["properties"])
     assert "eta" in {c["jsonPath"].rsplit(".", 1)[1] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]}
 
 

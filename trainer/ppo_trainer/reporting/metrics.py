@@ -2,8 +2,9 @@
 
 `StepMetrics` is one step's record (reward, losses, KL, clip fractions, entropy, the rollout and
 training log-prob mismatch, stage times, tokens/s), and its TensorBoard scalars (`scalars`, written
-by `tensorboard.py`); `StageTimer` measures the stages; `plot_run` draws the reward and loss
-curves with matplotlib's Agg backend (no display needed). Depends on the standard library and matplotlib
+by `tensorboard.py`), with the held-out evaluation it ended with, if any (`eval_*`); `StageTimer`
+measures the stages; `plot_run` draws the reward and loss curves with matplotlib's Agg backend (no
+display needed). Depends on the standard library, the reporters' `EvaluationInfo` and matplotlib
 (imported inside `plot_run`), not on torch or Ray.
 """
 
@@ -14,6 +15,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from ppo_trainer.reporting.reporters import EvaluationInfo
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,14 @@ class StepMetrics:
     compile_seconds: float | None = None
     """Seconds the roles' processes (engines included) spent in torch.compile during the step, summed over
     the processes (the first step of a job pays the compiles; warm caches make them short)."""
+    eval_reward_mean: float | None = None
+    """The mean score on the held-out prompts (data.validation), when the step ended with an evaluation."""
+    eval_pass_rate: float | None = None
+    """The share of held-out prompts scored 1, when every score was 0 or 1."""
+    eval_samples: int | None = None
+    """Held-out prompts answered."""
+    eval_seconds: float | None = None
+    """Wall time of the evaluation (part of `seconds`)."""
 
     @property
     def tokens_per_second(self) -> float:
@@ -84,9 +95,20 @@ class StepMetrics:
             "policy/staleness": self.staleness,
             "time/generation_seconds": self.generation_seconds,
             "time/compile_seconds": self.compile_seconds,
+            "eval/reward_mean": self.eval_reward_mean,
+            "eval/pass_rate": self.eval_pass_rate,
+            "eval/samples": self.eval_samples,
+            "eval/seconds": self.eval_seconds,
             **{f"time/{stage}_seconds": seconds for stage, seconds in self.stage_seconds.items()},
         }
         return {tag: float(v) for tag, v in fields.items() if v is not None}
+
+    def evaluation(self) -> EvaluationInfo | None:
+        """The held-out evaluation the step ended with, as the status shows it; None without one."""
+        if self.eval_reward_mean is None:
+            return None
+        return EvaluationInfo(step=self.step + 1, reward_mean=self.eval_reward_mean, pass_rate=self.eval_pass_rate,
+                              samples=int(self.eval_samples or 0))
 
     def to_status(self) -> dict[str, float]:
         """The `status.progress.metrics` fields of the PPOJob (camelCase; unset ones left out)."""
@@ -109,10 +131,13 @@ class StepMetrics:
         compiled = f" compile {self.compile_seconds:.1f}s" if self.compile_seconds else ""
         mismatch = (f" rollout_mismatch(k3={self.rollout_k3:.2e} max|log_ratio|={self.rollout_log_ratio_abs_max:.2e})"
                     if self.rollout_k3 is not None else "")
+        evaluated = (f" eval(reward={self.eval_reward_mean:.4f}{fmt('pass_rate', self.eval_pass_rate)}"
+                     f" n={self.eval_samples} {self.eval_seconds:.2f}s)" if self.eval_reward_mean is not None else "")
         return (
             f"step {self.step + 1}/{total_steps} [{kind}] reward={self.reward_mean:.4f}"
             f"{fmt('value_loss', self.value_loss)}{fmt('policy_loss', self.policy_loss)}{fmt('kl', self.kl)}"
-            f"{fmt('entropy', self.entropy)}{mismatch} {self.seconds:.2f}s{compiled} {self.tokens_per_second:.0f} tok/s"
+            f"{fmt('entropy', self.entropy)}{mismatch}{evaluated} {self.seconds:.2f}s{compiled}"
+            f" {self.tokens_per_second:.0f} tok/s"
         )
 
 
@@ -195,4 +220,23 @@ def summarize_run(history: list[StepMetrics], *, window: int = 3) -> dict:
         f"rewardLast{window}Mean": round(sum(m.reward_mean for m in history[-window:]) / len(history[-window:]), 4),
         "compileSeconds": round(sum(m.compile_seconds or 0.0 for m in history), 3),
         **mismatch,
+        **summarize_evaluations(history),
+    }
+
+
+def summarize_evaluations(history: list[StepMetrics]) -> dict:
+    """The held-out evaluations' ends: the first and last mean score (and pass rate), and the seconds
+    an evaluation took on average; nothing when the run made none."""
+    evaluated = [m for m in history if m.eval_reward_mean is not None]
+    if not evaluated:
+        return {}
+    first, last = evaluated[0], evaluated[-1]
+    pass_rates = {"evalPassRateStart": first.eval_pass_rate, "evalPassRateEnd": last.eval_pass_rate}
+    return {
+        "evaluations": len(evaluated),
+        "evalRewardStart": round(first.eval_reward_mean, 4),
+        "evalRewardEnd": round(last.eval_reward_mean, 4),
+        "evalRewardEndStep": last.step + 1,
+        **{k: round(v, 4) for k, v in pass_rates.items() if v is not None},
+        "evalSecondsPerEvaluation": round(sum(m.eval_seconds for m in evaluated) / len(evaluated), 3),
     }

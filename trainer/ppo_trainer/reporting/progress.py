@@ -17,7 +17,7 @@ from dataclasses import replace
 from ppo_trainer.checkpoint import TrainerState
 from ppo_trainer.offload import Transition
 from ppo_trainer.reporting.metrics import StepMetrics
-from ppo_trainer.reporting.reporters import CheckpointInfo, Progress, Reporter, utc_now
+from ppo_trainer.reporting.reporters import CheckpointInfo, EvaluationInfo, Progress, Reporter, utc_now
 from ppojob_api.progress import estimate_remaining_seconds
 from ppojob_api.vocabulary import RolloutResidency, Stage, TrainResidency
 
@@ -44,6 +44,7 @@ class ProgressTracker:
             weight_syncs_skipped=state.weight_syncs_skipped,
             critic=TrainResidency.ON_DEVICE if with_critic else None,
             last_checkpoint=last_checkpoint,
+            last_evaluation=last_evaluation(state.history),
         )
 
     def _update(self, **changes) -> None:
@@ -75,6 +76,7 @@ class ProgressTracker:
             ppo_left=max(0, self.progress.total_steps - state.step - critic_only_left))
         self._update(step=state.step, critic_only_steps_done=state.critic_only_steps_done,
                      weight_syncs_skipped=state.weight_syncs_skipped, metrics=metrics.to_status(),
+                     last_evaluation=metrics.evaluation() or self.progress.last_evaluation,
                      estimated_remaining_seconds=remaining, **self._residencies())
 
     def checkpoint(self, *, step: int, path: str, seconds: float) -> None:
@@ -86,3 +88,9 @@ class ProgressTracker:
         if error is not None:
             self.reporter.event("error", line=f"error: {error}", message=error)
         self._update(stage=Stage.DONE if error is None else self.progress.stage, finished=error is None, error=error)
+
+
+def last_evaluation(history: list[dict]) -> EvaluationInfo | None:
+    """The latest held-out evaluation in a run's step history (a resumed run's, from its checkpoint)."""
+    evaluations = [StepMetrics.from_dict(record).evaluation() for record in history]
+    return next((e for e in reversed(evaluations) if e is not None), None)

@@ -37,6 +37,20 @@ class CheckpointInfo:
 
 
 @dataclass(frozen=True)
+class EvaluationInfo:
+    """The latest held-out evaluation, as `status.progress.evaluation` shows it."""
+
+    step: int
+    reward_mean: float
+    pass_rate: float | None
+    samples: int
+
+    def to_status(self) -> dict[str, Any]:
+        status = {"step": self.step, "rewardMean": self.reward_mean, "samples": self.samples}
+        return status if self.pass_rate is None else {**status, "passRate": self.pass_rate}
+
+
+@dataclass(frozen=True)
 class Progress:
     """What the trainer reports: `status.progress` of the PPOJob (see `to_status`)."""
 
@@ -52,6 +66,7 @@ class Progress:
     rollout: RolloutResidency = RolloutResidency.AWAKE
     weight_syncs_skipped: int = 0
     last_checkpoint: CheckpointInfo | None = None
+    last_evaluation: EvaluationInfo | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     finished: bool = False
     error: str | None = None
@@ -105,6 +120,8 @@ class Progress:
             status["eta"] = format_duration(self.estimated_remaining_seconds)
         if self.last_checkpoint is not None:
             status["lastCheckpoint"] = asdict(self.last_checkpoint)
+        if self.last_evaluation is not None:
+            status["evaluation"] = self.last_evaluation.to_status()
         if self.metrics:
             status["metrics"] = dict(self.metrics)
         if self.error is not None:

@@ -112,19 +112,14 @@ class RolloutWorker:
         started, started_at = time.perf_counter(), time.time()
         rollout = self.spec.rollout
         repeated = [p for p in prompts for _ in range(rollout.samples_per_prompt)]
-        token_ids = [self.tokenizer.encode_prompt(p.text) for p in repeated]
         params = SamplingParams(
             max_new_tokens=rollout.max_new_tokens, temperature=rollout.temperature, top_p=rollout.top_p, seed=seed
         )
-        generation = self.engine.generate(token_ids, params)
-        responses = [
-            self.tokenizer.decode(row[mask.bool()].tolist())
-            for row, mask in zip(generation.response_tokens, generation.response_mask)
-        ]
-        texts, labels = [p.text for p in repeated], [p.label for p in repeated]
-        scores = torch.tensor(self.reward.score(texts, responses, labels), dtype=torch.float32)
+        token_ids, generation, responses, scored = self._answer(repeated, params)
+        scores = torch.tensor(scored, dtype=torch.float32)
         batch = build_rollout_batch(
-            token_ids, generation, scores, self.tokenizer.pad_token_id, prompts=texts, responses=responses
+            token_ids, generation, scores, self.tokenizer.pad_token_id, prompts=[p.text for p in repeated],
+            responses=responses,
         )
         stats = {
             "reward_sum": float(scores.sum()),
@@ -136,6 +131,29 @@ class RolloutWorker:
             "weights_version": float(self.weights_version),
         }
         return batch, stats
+
+    def evaluate(self, prompts: list[Prompt], *, seed: int, temperature: float, max_new_tokens: int) -> list[float]:
+        """The reward's score of one response per held-out prompt, with the weights this engine serves
+        (rollout.topP); nothing else is kept. `seed`: the evaluation's own, never a training step's."""
+        if not prompts:  # more engines than held-out prompts
+            return []
+        self.wake()
+        self.residency.require_awake("evaluate")
+        params = SamplingParams(
+            max_new_tokens=max_new_tokens, temperature=temperature, top_p=self.spec.rollout.top_p, seed=seed
+        )
+        return self._answer(prompts, params)[3]
+
+    def _answer(self, prompts: list[Prompt], params: SamplingParams):
+        """Each prompt's tokens, the engine's generation, the decoded responses and the reward's scores."""
+        token_ids = [self.tokenizer.encode_prompt(p.text) for p in prompts]
+        generation = self.engine.generate(token_ids, params)
+        responses = [
+            self.tokenizer.decode(row[mask.bool()].tolist())
+            for row, mask in zip(generation.response_tokens, generation.response_mask)
+        ]
+        scores = self.reward.score([p.text for p in prompts], responses, [p.label for p in prompts])
+        return token_ids, generation, responses, scores
 
     def serve_weights_version(self, version: int) -> None:
         """The weights just received hold `version` actor updates (the driver counts them)."""
