@@ -182,9 +182,25 @@ class DataSpec(_Model):
     label_key: str = "label"
 
 
+class RemoteRewardSpec(_Model):
+    url: str | None = Field(None, max_length=2048, pattern=r"^https?://[^/\s?#]+\S*$")
+    """The scoring endpoint, http:// or https://; POST {prompts, responses, labels} -> {scores}."""
+    timeout_seconds: float = Field(60, gt=0, le=3600)
+    """How long one request may take; longer ones are retried."""
+    max_retries: int = Field(3, ge=0, le=10)
+    """Retries after a connection error, a timeout, HTTP 429 or 5xx (never after another 4xx)."""
+    max_concurrency: int = Field(4, ge=1, le=256)
+    """Requests in flight at once from each rollout engine."""
+    batch_size: int = Field(64, ge=1, le=65536)
+    """Samples per request."""
+    headers_from_env: dict[str, str] | None = None
+    """Header name -> name of the environment variable holding its value (e.g. from envFromSecret)."""
+
+
 class RewardSpec(_Model):
     type: RewardType = RewardType.SYNTHETIC
     function: str | None = Field(None, pattern=r"^[^:]+:[A-Za-z_][A-Za-z0-9_]*$")
+    remote: RemoteRewardSpec = RemoteRewardSpec()
 
 
 class CheckpointSpec(_Model):
@@ -408,6 +424,18 @@ CRITIC_SAVE_OFF_THE_VOLUME = (
 )
 
 
+REWARD_FUNCTION_NOT_CUSTOM = (
+    "reward.function is only called with reward.type Custom: set reward.type to Custom, or remove reward.function"
+)
+
+REMOTE_REWARD_NEEDS_URL = "reward.type Remote needs reward.remote.url, the scoring endpoint (http:// or https://)"
+
+REMOTE_REWARD_NOT_REMOTE = (
+    "reward.remote is only used with reward.type Remote: set reward.type to Remote, or remove reward.remote.url and"
+    " reward.remote.headersFromEnv"
+)
+
+
 def is_folder_under(path: str, directory: str) -> bool:
     """`path` names a folder inside `directory`, as the CRD's CEL rule reads it: by its characters
     (`directory` and a '/' are a prefix, something follows, no '..' segment), not by the file system."""
@@ -438,8 +466,15 @@ def check_semantics(spec: PPOJobSpec) -> list[str]:
             "placement Colocate runs the rollout engines on the training GPUs: set rollout.gpus to 0,"
             " or use placement Disaggregated"
         )
-    if spec.reward.type == RewardType.CUSTOM and not spec.reward.function:
+    reward = spec.reward
+    if reward.type == RewardType.CUSTOM and not reward.function:
         problems.append("reward.type Custom needs reward.function, a 'module:function' reference")
+    if reward.type != RewardType.CUSTOM and reward.function is not None:
+        problems.append(REWARD_FUNCTION_NOT_CUSTOM)
+    if reward.type == RewardType.REMOTE and reward.remote.url is None:
+        problems.append(REMOTE_REWARD_NEEDS_URL)
+    if reward.type != RewardType.REMOTE and (reward.remote.url is not None or reward.remote.headers_from_env is not None):
+        problems.append(REMOTE_REWARD_NOT_REMOTE)
     model_parallel = spec.actor.parallelism.model_parallel_size
     if spec.resources.gpus_per_node and spec.resources.total_gpus % model_parallel:
         problems.append(

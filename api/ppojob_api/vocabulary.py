@@ -129,6 +129,7 @@ class RewardType(str, enum.Enum):
     SYNTHETIC = "Synthetic"
     EXACT_ANSWER = "ExactAnswer"
     CUSTOM = "Custom"
+    REMOTE = "Remote"
 
 
 class Placement(str, enum.Enum):
