@@ -14,7 +14,6 @@ from contextlib import contextmanager
 
 import pytest
 import yaml
-
 from cli_run import records
 
 STEPS, SAMPLES = 2, 8
@@ -77,8 +76,8 @@ def test_remote_reward_misbehaving_server_ends_the_run_with_one_line_naming_the_
     [
         ({"url": "http://scorer:99999/score"}, "reward.remote.url 'http://scorer:99999/score' has a bad port"),
         ({"url": "http://scorer/score", "headersFromEnv": {"Authorization": "NO_SUCH_SCORER_TOKEN"}},
-         "reward.remote.headersFromEnv: header Authorization reads the environment variable NO_SUCH_SCORER_TOKEN,"
-         " which is not set"),
+         ("reward.remote.headersFromEnv: header Authorization reads the environment variable NO_SUCH_SCORER_TOKEN,"
+          " which is not set")),
     ],
 )
 def test_remote_reward_bad_settings_exit_2_before_ray_starts(tmp_path, remote, expected):
