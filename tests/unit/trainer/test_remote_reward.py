@@ -5,7 +5,10 @@ the endpoint and its answer."""
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from tests.doubles.reward_server import Script, fraction, serve
@@ -177,3 +180,18 @@ def test_build_reward_builds_a_remote_reward_from_its_options():
     assert isinstance(reward, RemoteReward) and (reward.batch_size, reward.max_concurrency) == (8, 2)
     with pytest.raises(ValueError, match="valid options: url, timeout_seconds, max_retries"):
         build_reward("remote", url="http://scorer/score", _headers={})
+
+
+def test_the_example_server_scores_through_remote_reward_once_it_is_up():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    example = Path(__file__).resolve().parents[3] / "examples" / "reward_server.py"
+    server = subprocess.Popen([sys.executable, str(example), str(port)])
+    try:
+        # Not up yet when the first request goes: refused, retried until it answers.
+        reward = RemoteReward(url=f"http://127.0.0.1:{port}/score", max_retries=10, backoff_seconds=0.1)
+        assert score_all(reward) == [fraction(r, "a") for r in RESPONSES]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
