@@ -182,19 +182,26 @@ class DataSpec(_Model):
     label_key: str = "label"
 
 
+class RemoteRewardHeader(_Model):
+    name: str = Field(max_length=256, pattern=r"^[A-Za-z0-9-]+$")
+    """The header's name, e.g. Authorization."""
+    from_env: str = Field(max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    """The environment variable holding its value (e.g. a key of envFromSecret's Secret)."""
+
+
 class RemoteRewardSpec(_Model):
     url: str | None = Field(None, max_length=2048, pattern=r"^https?://[^/\s?#]+\S*$")
     """The scoring endpoint, http:// or https://; POST {prompts, responses, labels} -> {scores}."""
     timeout_seconds: float = Field(60, gt=0, le=3600)
-    """How long one request may take; longer ones are retried."""
+    """How long a request waits on the endpoint (to connect, then for each read); timed-out ones are retried."""
     max_retries: int = Field(3, ge=0, le=10)
     """Retries after a connection error, a timeout, HTTP 429 or 5xx (never after another 4xx)."""
     max_concurrency: int = Field(4, ge=1, le=256)
     """Requests in flight at once from each rollout engine."""
     batch_size: int = Field(64, ge=1, le=65536)
     """Samples per request."""
-    headers_from_env: dict[str, str] | None = None
-    """Header name -> name of the environment variable holding its value (e.g. from envFromSecret)."""
+    headers: list[RemoteRewardHeader] | None = Field(None, max_length=16)
+    """Headers sent with each request, their values read from the trainer's environment."""
 
 
 class RewardSpec(_Model):
@@ -432,7 +439,7 @@ REMOTE_REWARD_NEEDS_URL = "reward.type Remote needs reward.remote.url, the scori
 
 REMOTE_REWARD_NOT_REMOTE = (
     "reward.remote is only used with reward.type Remote: set reward.type to Remote, or remove reward.remote.url and"
-    " reward.remote.headersFromEnv"
+    " reward.remote.headers"
 )
 
 
@@ -473,8 +480,11 @@ def check_semantics(spec: PPOJobSpec) -> list[str]:
         problems.append(REWARD_FUNCTION_NOT_CUSTOM)
     if reward.type == RewardType.REMOTE and reward.remote.url is None:
         problems.append(REMOTE_REWARD_NEEDS_URL)
-    if reward.type != RewardType.REMOTE and (reward.remote.url is not None or reward.remote.headers_from_env is not None):
+    if reward.type != RewardType.REMOTE and (reward.remote.url is not None or reward.remote.headers is not None):
         problems.append(REMOTE_REWARD_NOT_REMOTE)
+    header_names = [header.name for header in reward.remote.headers or []]
+    if len(set(header_names)) != len(header_names):
+        problems.append("reward.remote.headers: a header is named twice: keep one entry per name")
     model_parallel = spec.actor.parallelism.model_parallel_size
     if spec.resources.gpus_per_node and spec.resources.total_gpus % model_parallel:
         problems.append(

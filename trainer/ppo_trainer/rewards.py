@@ -211,7 +211,6 @@ class CustomReward(Reward):
         return scores
 
 
-_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 _MAX_BACKOFF_SECONDS = 30.0
 _EXCERPT_CHARS = 200
 
@@ -270,12 +269,10 @@ class RemoteReward(Reward):
             )
         headers = {"Content-Type": "application/json"}
         for name, variable in (self.headers_from_env or {}).items():
-            if not _HEADER_NAME.match(name):
-                raise RemoteRewardError(f"reward.remote.headersFromEnv: {name!r} is not an HTTP header name (letters, digits, '-')")
             value = os.environ.get(variable)
             if value is None:
                 raise RemoteRewardError(
-                    f"reward.remote.headersFromEnv: header {name} reads the environment variable {variable}, which is not"
+                    f"reward.remote.headers: header {name} reads the environment variable {variable}, which is not"
                     f" set: add {variable} to the Secret named in envFromSecret (or export it for a local run)"
                 )
             headers[name] = value

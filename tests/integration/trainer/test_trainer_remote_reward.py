@@ -75,8 +75,8 @@ def test_remote_reward_misbehaving_server_ends_the_run_with_one_line_naming_the_
     "remote, expected",
     [
         ({"url": "http://scorer:99999/score"}, "reward.remote.url 'http://scorer:99999/score' has a bad port"),
-        ({"url": "http://scorer/score", "headersFromEnv": {"Authorization": "NO_SUCH_SCORER_TOKEN"}},
-         ("reward.remote.headersFromEnv: header Authorization reads the environment variable NO_SUCH_SCORER_TOKEN,"
+        ({"url": "http://scorer/score", "headers": [{"name": "Authorization", "fromEnv": "NO_SUCH_SCORER_TOKEN"}]},
+         ("reward.remote.headers: header Authorization reads the environment variable NO_SUCH_SCORER_TOKEN,"
           " which is not set")),
     ],
 )

@@ -223,7 +223,7 @@ def test_actor_updates_before_a_step_count_the_steps_after_the_warm_up():
         ({"type": "Remote"}, REMOTE_REWARD_NEEDS_URL),
         ({"type": "Remote", "remote": {"batchSize": 8}}, REMOTE_REWARD_NEEDS_URL),
         ({"type": "Synthetic", "remote": {"url": "http://scorer:8000/score"}}, REMOTE_REWARD_NOT_REMOTE),
-        ({"type": "Custom", "function": "m:f", "remote": {"headersFromEnv": {"Authorization": "TOKEN"}}},
+        ({"type": "Custom", "function": "m:f", "remote": {"headers": [{"name": "Authorization", "fromEnv": "TOKEN"}]}},
          REMOTE_REWARD_NOT_REMOTE),
     ],
 )
@@ -236,7 +236,7 @@ def test_remote_reward_parses_with_its_defaults():
     remote = parse_spec(make_spec(reward={"type": "Remote", "remote": {"url": "https://scorer.example/v1/score?x=1"}})).reward.remote
     assert remote.url == "https://scorer.example/v1/score?x=1"
     assert (remote.timeout_seconds, remote.max_retries, remote.max_concurrency, remote.batch_size) == (60, 3, 4, 64)
-    assert remote.headers_from_env is None
+    assert remote.headers is None
 
 
 @pytest.mark.parametrize(
@@ -255,3 +255,24 @@ def test_remote_reward_parses_with_its_defaults():
 def test_remote_reward_bad_settings_name_their_field(remote, field):
     problems = problems_of(make_spec(reward={"type": "Remote", "remote": remote}))
     assert any(p.startswith(field + ":") for p in problems), problems
+
+
+def test_remote_reward_headers_name_their_environment_variables():
+    headers = [{"name": "Authorization", "fromEnv": "SCORER_AUTHORIZATION"}, {"name": "X-Team", "fromEnv": "TEAM"}]
+    remote = parse_spec(make_spec(reward={"type": "Remote", "remote": {"url": "http://s", "headers": headers}})).reward.remote
+    assert [(h.name, h.from_env) for h in remote.headers] == [("Authorization", "SCORER_AUTHORIZATION"), ("X-Team", "TEAM")]
+
+
+@pytest.mark.parametrize(
+    "headers, fragment",
+    [
+        ([{"name": "Bad Header", "fromEnv": "T"}], "spec.reward.remote.headers.0.name:"),
+        ([{"name": "Authorization", "fromEnv": "1TOKEN"}], "spec.reward.remote.headers.0.fromEnv:"),
+        ([{"name": "Authorization"}], "spec.reward.remote.headers.0.fromEnv: required"),
+        ([{"name": "A", "fromEnv": "T"}, {"name": "A", "fromEnv": "U"}],
+         "reward.remote.headers: a header is named twice: keep one entry per name"),
+    ],
+)
+def test_remote_reward_bad_headers_are_refused_naming_the_field(headers, fragment):
+    problems = problems_of(make_spec(reward={"type": "Remote", "remote": {"url": "http://s", "headers": headers}}))
+    assert any(p.startswith(fragment) for p in problems), problems

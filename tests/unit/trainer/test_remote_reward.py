@@ -155,7 +155,7 @@ def test_remote_reward_header_from_an_unset_variable_is_refused_when_built(monke
     with pytest.raises(RemoteRewardError) as info:
         RemoteReward(url="http://scorer/score", headers_from_env={"Authorization": "SCORER_AUTHORIZATION"})
     assert str(info.value) == (
-        "reward.remote.headersFromEnv: header Authorization reads the environment variable SCORER_AUTHORIZATION,"
+        "reward.remote.headers: header Authorization reads the environment variable SCORER_AUTHORIZATION,"
         " which is not set: add SCORER_AUTHORIZATION to the Secret named in envFromSecret (or export it for a"
         " local run)"
     )
@@ -195,3 +195,16 @@ def test_the_example_server_scores_through_remote_reward_once_it_is_up():
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_a_jobs_reward_remote_settings_reach_the_remote_reward(monkeypatch):
+    from ppo_trainer.roles.rollout import build_spec_reward
+    from ppojob_api.spec import parse_spec
+
+    monkeypatch.setenv("SCORER_AUTHORIZATION", "Bearer s3cret")
+    remote = {"url": "https://scorer:8443/v1/score", "timeoutSeconds": 2.5, "maxRetries": 7, "maxConcurrency": 5,
+              "batchSize": 16, "headers": [{"name": "Authorization", "fromEnv": "SCORER_AUTHORIZATION"}]}
+    reward = build_spec_reward(parse_spec({"image": "local", "reward": {"type": "Remote", "remote": remote}}))
+    assert reward == RemoteReward(url="https://scorer:8443/v1/score", timeout_seconds=2.5, max_retries=7,
+                                  max_concurrency=5, batch_size=16,
+                                  headers_from_env={"Authorization": "SCORER_AUTHORIZATION"})

@@ -45,7 +45,7 @@ def build_spec_reward(spec: PPOJobSpec) -> Reward:
         remote = reward.remote
         options = {"url": remote.url, "timeout_seconds": remote.timeout_seconds, "max_retries": remote.max_retries,
                    "max_concurrency": remote.max_concurrency, "batch_size": remote.batch_size,
-                   "headers_from_env": remote.headers_from_env}
+                   "headers_from_env": {header.name: header.from_env for header in remote.headers or []}}
     return build_reward(REWARD_KINDS[reward.type], custom_function=reward.function, **options)
 
 
