@@ -43,7 +43,7 @@ def test_remote_reward_splits_into_batches_and_keeps_the_order():
 
 @pytest.mark.parametrize("max_concurrency", [1, 3])
 def test_remote_reward_keeps_at_most_max_concurrency_requests_in_flight(max_concurrency):
-    with serve(Script(delay_seconds=0.3)) as server:
+    with serve(Script(delay_seconds=0.5)) as server:  # long enough for every thread to send before one is answered
         RemoteReward(url=server.url, batch_size=1, max_concurrency=max_concurrency, **FAST).score(
             PROMPTS[:6], RESPONSES[:6], LABELS[:6])
         stats = server.stats()
