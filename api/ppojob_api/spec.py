@@ -202,9 +202,32 @@ class DataSpec(_Model):
     """Held-out prompts the policy is evaluated on during training (off while prompts is unset)."""
 
 
+class RemoteRewardHeader(_Model):
+    name: str = Field(max_length=256, pattern=r"^[A-Za-z0-9-]+$")
+    """The header's name, e.g. Authorization."""
+    from_env: str = Field(max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    """The environment variable holding its value (e.g. a key of envFromSecret's Secret)."""
+
+
+class RemoteRewardSpec(_Model):
+    url: str | None = Field(None, max_length=2048, pattern=r"^https?://[^/\s?#]+\S*$")
+    """The scoring endpoint, http:// or https://; POST {prompts, responses, labels} -> {scores}."""
+    timeout_seconds: float = Field(60, gt=0, le=3600)
+    """How long a request waits on the endpoint (to connect, then for each read); timed-out ones are retried."""
+    max_retries: int = Field(3, ge=0, le=10)
+    """Retries after a connection error, a timeout, HTTP 429 or 5xx (never after another 4xx)."""
+    max_concurrency: int = Field(4, ge=1, le=256)
+    """Requests in flight at once from each rollout engine."""
+    batch_size: int = Field(64, ge=1, le=65536)
+    """Samples per request."""
+    headers: list[RemoteRewardHeader] | None = Field(None, max_length=16)
+    """Headers sent with each request, their values read from the trainer's environment."""
+
+
 class RewardSpec(_Model):
     type: RewardType = RewardType.SYNTHETIC
     function: str | None = Field(None, pattern=r"^[^:]+:[A-Za-z_][A-Za-z0-9_]*$")
+    remote: RemoteRewardSpec = RemoteRewardSpec()
 
 
 class CheckpointSpec(_Model):
@@ -433,6 +456,17 @@ VALIDATION_NEEDS_PROMPTS = (
     " data.validation.prompts is unset: set it to a JSONL file of prompts (or synthetic), or remove data.validation"
 )
 
+REWARD_FUNCTION_NOT_CUSTOM = (
+    "reward.function is only called with reward.type Custom: set reward.type to Custom, or remove reward.function"
+)
+
+REMOTE_REWARD_NEEDS_URL = "reward.type Remote needs reward.remote.url, the scoring endpoint (http:// or https://)"
+
+REMOTE_REWARD_NOT_REMOTE = (
+    "reward.remote is only used with reward.type Remote: set reward.type to Remote, or remove reward.remote.url and"
+    " reward.remote.headers"
+)
+
 
 def is_folder_under(path: str, directory: str) -> bool:
     """`path` names a folder inside `directory`, as the CRD's CEL rule reads it: by its characters
@@ -464,8 +498,18 @@ def check_semantics(spec: PPOJobSpec) -> list[str]:
             "placement Colocate runs the rollout engines on the training GPUs: set rollout.gpus to 0,"
             " or use placement Disaggregated"
         )
-    if spec.reward.type == RewardType.CUSTOM and not spec.reward.function:
+    reward = spec.reward
+    if reward.type == RewardType.CUSTOM and not reward.function:
         problems.append("reward.type Custom needs reward.function, a 'module:function' reference")
+    if reward.type != RewardType.CUSTOM and reward.function is not None:
+        problems.append(REWARD_FUNCTION_NOT_CUSTOM)
+    if reward.type == RewardType.REMOTE and reward.remote.url is None:
+        problems.append(REMOTE_REWARD_NEEDS_URL)
+    if reward.type != RewardType.REMOTE and (reward.remote.url is not None or reward.remote.headers is not None):
+        problems.append(REMOTE_REWARD_NOT_REMOTE)
+    header_names = [header.name for header in reward.remote.headers or []]
+    if len(set(header_names)) != len(header_names):
+        problems.append("reward.remote.headers: a header is named twice: keep one entry per name")
     model_parallel = spec.actor.parallelism.model_parallel_size
     if spec.resources.gpus_per_node and spec.resources.total_gpus % model_parallel:
         problems.append(

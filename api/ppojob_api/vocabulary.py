@@ -132,6 +132,7 @@ class RewardType(str, enum.Enum):
     SYNTHETIC = "Synthetic"
     EXACT_ANSWER = "ExactAnswer"
     CUSTOM = "Custom"
+    REMOTE = "Remote"
 
 
 class Placement(str, enum.Enum):

@@ -2,14 +2,15 @@
 
 CONFIG is a PPOJob manifest or its bare spec (YAML); `image` defaults to "local". `--critic-config`
 merges a per-role YAML of critic overrides into `spec.critic`, checked by the same parser (unknown
-or removed keys named with their replacement, "1e-5" read as a number). A bad config or custom
-advantage or reward function (checked before Ray starts) exits with code 2 and its message, never
-a traceback, as does a prompt file (data.prompts, data.validation.prompts) that is missing or does
-not parse; an error raised inside Ray is shown as its cause, in one line. Ray's token
-authentication is set explicitly: a private token and temp dir per local run; on a cluster, token
-mode with the token the operator provides (RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH). SIGTERM stops
-the run between two steps with the steps since the last checkpoint saved, exit code 143
-(`graceful_stop`); `--pid-file` tells the Ray head's preStop hook whom to send it to.
+or removed keys named with their replacement, "1e-5" read as a number). A bad config, custom
+advantage or reward function, remote reward URL or header, or a prompt file (data.prompts,
+data.validation.prompts) that is missing or does not parse (all checked before Ray starts) exits
+with code 2 and its message, never a traceback; an error raised inside Ray is shown as its cause,
+in one line. Ray's token authentication is set explicitly: a private token and temp dir per local
+run; on a cluster, token mode with the token the operator provides (RAY_AUTH_TOKEN or
+RAY_AUTH_TOKEN_PATH). SIGTERM stops the run between two steps with the steps since the last
+checkpoint saved, exit code 143 (`graceful_stop`); `--pid-file` tells the Ray head's preStop hook
+whom to send it to.
 """
 
 from __future__ import annotations
@@ -86,11 +87,13 @@ def check_advantage_function(ref: str) -> None:
     compute_custom_advantages(function, probe)
 
 
-def check_reward_function(ref: str) -> None:
-    """Import the custom reward function and check its parameters, before any Ray work."""
-    from ppo_trainer.rewards import CustomReward
+def check_reward(spec: PPOJobSpec) -> None:
+    """Build the reward as each rollout engine will, before any Ray work: a custom function is
+    imported and its parameters checked; a remote endpoint's URL and headers are checked, but it is
+    not called (it may start with the job, or be reachable from the Ray pods only)."""
+    from ppo_trainer.roles.rollout import build_spec_reward
 
-    CustomReward.load(ref)
+    build_spec_reward(spec)
 
 
 def check_prompt_files(spec: PPOJobSpec) -> None:
@@ -166,14 +169,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from ppo_trainer.algorithms import CustomAdvantageError
-    from ppo_trainer.rewards import CustomRewardError
+    from ppo_trainer.rewards import CustomRewardError, RemoteRewardError
 
     try:
         spec, name = load_config(args.config, critic_config=args.critic_config)
         if spec.ppo.custom_advantage_function:
             check_advantage_function(spec.ppo.custom_advantage_function)
-        if spec.reward.function:
-            check_reward_function(spec.reward.function)
+        check_reward(spec)
         check_prompt_files(spec)
         run_dir = Path(args.run_dir or Path("runs") / name)
         checkpoint_dir = Path(spec.checkpoint.path) if args.address else run_dir / "checkpoints"
@@ -182,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         run_dir.mkdir(parents=True, exist_ok=True)
         start_ray(args.address, num_cpus=max(os.cpu_count() or 1, args.cpu_ranks + 1),
                   object_store_mb=args.object_store_mb)
-    except (ConfigError, CustomAdvantageError, CustomRewardError) as exc:
+    except (ConfigError, CustomAdvantageError, CustomRewardError, RemoteRewardError) as exc:
         print(f"ppo-train: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     return _run(spec, args, run_dir=run_dir, checkpoint_dir=checkpoint_dir)

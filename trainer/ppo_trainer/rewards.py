@@ -1,21 +1,29 @@
 """Reward functions: a sequence score per (prompt, response, label), behind one small interface.
 
 ``Reward.score(prompts, responses, labels) -> list[float]`` is the whole contract. Rewards here
-are plain Python over strings: nothing may depend on Ray, models, tokenizers or configuration
-objects.
+are plain Python over strings (``RemoteReward`` sends them to an HTTP endpoint with the standard
+library): nothing may depend on Ray, models, tokenizers or configuration objects.
 ``build_reward`` maps a kind name and its options to an instance.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import http.client
 import inspect
+import json
 import math
 import numbers
+import os
 import re
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 from ppo_trainer.algorithms.custom_advantage import FunctionReferenceError, describe_function, load_function
@@ -25,6 +33,8 @@ __all__ = [
     "CustomReward",
     "CustomRewardError",
     "ExactFinalAnswerReward",
+    "RemoteReward",
+    "RemoteRewardError",
     "Reward",
     "SyntheticReward",
     "build_reward",
@@ -34,6 +44,11 @@ __all__ = [
 
 class CustomRewardError(ValueError):
     """A custom reward function could not be loaded, failed, or returned a bad output."""
+
+
+class RemoteRewardError(ValueError):
+    """A reward endpoint's settings are wrong, or it could not be reached, or it answered something
+    other than one finite score per sample."""
 
 
 class Reward(ABC):
@@ -196,15 +211,152 @@ class CustomReward(Reward):
         return scores
 
 
+_MAX_BACKOFF_SECONDS = 30.0
+_EXCERPT_CHARS = 200
+
+
+def _excerpt(body: bytes) -> str:
+    """The start of an answer's body, on one line, quoted; or "an empty body"."""
+    text = " ".join(body.decode("utf-8", "replace").split())
+    if not text:
+        return "an empty body"
+    return repr(text[:_EXCERPT_CHARS] + ("..." if len(text) > _EXCERPT_CHARS else ""))
+
+
+def _is_retried(status: int) -> bool:
+    """Whether an HTTP status may pass if asked again: too many requests, or the server's own failure."""
+    return status == 429 or status >= 500
+
+
+@dataclass(frozen=True)
+class RemoteReward(Reward):
+    """Scores from an HTTP endpoint: POST JSON ``{"prompts", "responses", "labels"}`` (equal-length
+    lists; a label may be null), answered with HTTP 200 and JSON ``{"scores"}``, one finite number
+    per sample, in order.
+
+    The samples go in requests of at most ``batch_size``, ``max_concurrency`` of them in flight at
+    once. A request that cannot connect, gets no answer within ``timeout_seconds``, or is answered
+    HTTP 429 or 5xx is sent again, up to ``max_retries`` times, after ``backoff_seconds``, then twice
+    that, and so on (at most 30 s). Any other answer than the protocol's raises ``RemoteRewardError``
+    naming the endpoint and what it answered, as does the last failed try.
+    """
+
+    url: str
+    """``http://`` or ``https://`` with a host."""
+    timeout_seconds: float = 60.0
+    """How long a request may wait for the endpoint (connecting, then each read)."""
+    max_retries: int = 3
+    """Tries after the first one, for the failures that may pass."""
+    max_concurrency: int = 4
+    """Requests in flight at once."""
+    batch_size: int = 64
+    """Samples per request."""
+    headers_from_env: Mapping[str, str] | None = None
+    """Header name -> the environment variable holding its value, read once, here."""
+    backoff_seconds: float = 0.5
+    """The wait before the first retry; doubled before each next one."""
+    _headers: dict[str, str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        parts = urllib.parse.urlsplit(self.url)
+        try:
+            parts.port  # noqa: B018 (reading it checks it)
+        except ValueError:
+            raise RemoteRewardError(f"reward.remote.url {self.url!r} has a bad port; e.g. http://scorer:8000/score") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise RemoteRewardError(
+                f"reward.remote.url {self.url!r} is not an http:// or https:// URL with a host; e.g. http://scorer:8000/score"
+            )
+        headers = {"Content-Type": "application/json"}
+        for name, variable in (self.headers_from_env or {}).items():
+            value = os.environ.get(variable)
+            if value is None:
+                raise RemoteRewardError(
+                    f"reward.remote.headers: header {name} reads the environment variable {variable}, which is not"
+                    f" set: add {variable} to the Secret named in envFromSecret (or export it for a local run)"
+                )
+            headers[name] = value
+        object.__setattr__(self, "_headers", headers)
+
+    def score(self, prompts: list[str], responses: list[str], labels: list[str | None]) -> list[float]:
+        self._check_lengths(prompts, responses, labels)
+        starts = range(0, len(responses), self.batch_size)
+        if not starts:
+            return []
+        pool = ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(starts)), thread_name_prefix="reward")
+        try:
+            parts = pool.map(lambda start: self._score_batch(prompts, responses, labels, start), starts)
+            return [score for part in parts for score in part]
+        finally:
+            pool.shutdown(cancel_futures=True)  # after a failure: the requests not yet sent are not sent
+
+    def _score_batch(self, prompts: list[str], responses: list[str], labels: list[str | None], start: int) -> list[float]:
+        end = start + self.batch_size
+        body = json.dumps({"prompts": prompts[start:end], "responses": responses[start:end], "labels": labels[start:end]})
+        count = len(responses[start:end])
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                time.sleep(min(self.backoff_seconds * 2 ** (attempt - 1), _MAX_BACKOFF_SECONDS))
+            try:
+                status, answer = self._post(body.encode())
+            except (OSError, http.client.HTTPException) as exc:  # refused, reset, unresolved, timed out
+                failure = self._describe_unreachable(exc)
+                continue
+            if status == 200:
+                return self._scores_of(answer, start=start, count=count)
+            failure = f"answered HTTP {status}: {_excerpt(answer)}"
+            if not _is_retried(status):
+                raise RemoteRewardError(f"reward endpoint {self.url} {failure}")
+        raise RemoteRewardError(
+            f"reward endpoint {self.url} {failure} (the last of {self.max_retries + 1} tries;"
+            f" reward.remote.maxRetries {self.max_retries})"
+        )
+
+    def _post(self, body: bytes) -> tuple[int, bytes]:
+        request = urllib.request.Request(self.url, data=body, headers=self._headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_seconds) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as answer:  # a status other than 2xx: still an answer
+            with answer:
+                return answer.code, answer.read()
+
+    def _describe_unreachable(self, exc: BaseException) -> str:
+        reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+        if isinstance(reason, TimeoutError):
+            return f"did not answer within {self.timeout_seconds:g} s (reward.remote.timeoutSeconds)"
+        return f"could not be reached ({reason})"
+
+    def _scores_of(self, answer: bytes, *, start: int, count: int) -> list[float]:
+        try:
+            document = json.loads(answer)  # reads NaN and Infinity too, so that they are named below
+        except ValueError:
+            document = None
+        scores = document.get("scores") if isinstance(document, dict) else None
+        if not isinstance(scores, list):
+            raise RemoteRewardError(f'reward endpoint {self.url} answered HTTP 200 without JSON {{"scores": [...]}}: {_excerpt(answer)}')
+        if len(scores) != count:
+            raise RemoteRewardError(
+                f"reward endpoint {self.url} answered {len(scores)} scores for {count} samples; expected one per sample, in order"
+            )
+        for i, value in enumerate(scores, start=start):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise RemoteRewardError(f"reward endpoint {self.url}: score {i} is {value!r}, not a number")
+            if not math.isfinite(value):
+                raise RemoteRewardError(f"reward endpoint {self.url}: score {i} is {value!r}, not a finite number")
+        return [float(value) for value in scores]
+
+
 _REWARD_CLASSES: dict[str, type[Reward]] = {
     "exact_answer": ExactFinalAnswerReward,
     "synthetic": SyntheticReward,
+    "remote": RemoteReward,
 }
-REWARD_KINDS = ("exact_answer", "synthetic", "custom")
+REWARD_KINDS = ("exact_answer", "synthetic", "custom", "remote")
 
 
 def build_reward(kind: str, *, custom_function: str | None = None, **options: Any) -> Reward:
-    """Build the reward ``kind`` (``exact_answer``, ``synthetic`` or ``custom``) from its options.
+    """Build the reward ``kind`` (``exact_answer``, ``synthetic``, ``custom`` or ``remote``) from its options.
 
     ``custom`` needs ``custom_function`` (a function reference) and takes no options; the other
     kinds take their dataclass fields as options. Unknown kinds and options raise ValueError
@@ -221,7 +373,7 @@ def build_reward(kind: str, *, custom_function: str | None = None, **options: An
     if custom_function is not None:
         raise ValueError(f"custom_function is only used with reward kind 'custom', not {kind!r}")
     cls = _REWARD_CLASSES[kind]
-    valid = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    valid = [f.name for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
     unknown = sorted(set(options) - set(valid))
     if unknown:
         raise ValueError(

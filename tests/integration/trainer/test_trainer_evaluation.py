@@ -12,8 +12,8 @@ import time
 from itertools import pairwise
 
 import pytest
-from conftest import tiny_spec
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from trainer_specs import tiny_spec
 
 from ppo_trainer.evaluation import Evaluator
 from ppo_trainer.reporting.metrics import StepMetrics, summarize_run

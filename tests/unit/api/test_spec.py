@@ -11,6 +11,9 @@ from ppojob_api.spec import (
     OVERLAP_KEEPS_ENGINES_AWAKE,
     OVERLAP_NEEDS_DISAGGREGATED,
     OVERLAP_RATIO_IS_CORRECTED,
+    REMOTE_REWARD_NEEDS_URL,
+    REMOTE_REWARD_NOT_REMOTE,
+    REWARD_FUNCTION_NOT_CUSTOM,
     SpecError,
     check_semantics,
     parse_spec,
@@ -211,3 +214,65 @@ def test_schedule_defaults_to_synchronous_and_overlap_parses_on_disaggregated():
 def test_actor_updates_before_a_step_count_the_steps_after_the_warm_up():
     ppo = parse_spec(make_spec(ppo={"numRollouts": 6, "numCriticOnlySteps": 2})).ppo
     assert [ppo.actor_updates_before(step) for step in range(7)] == [0, 0, 0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize(
+    "reward, message",
+    [
+        ({"type": "ExactAnswer", "function": "my.rewards:score"}, REWARD_FUNCTION_NOT_CUSTOM),
+        ({"type": "Remote"}, REMOTE_REWARD_NEEDS_URL),
+        ({"type": "Remote", "remote": {"batchSize": 8}}, REMOTE_REWARD_NEEDS_URL),
+        ({"type": "Synthetic", "remote": {"url": "http://scorer:8000/score"}}, REMOTE_REWARD_NOT_REMOTE),
+        ({"type": "Custom", "function": "m:f", "remote": {"headers": [{"name": "Authorization", "fromEnv": "TOKEN"}]}},
+         REMOTE_REWARD_NOT_REMOTE),
+    ],
+)
+def test_reward_settings_of_another_type_are_refused_with_the_crd_rules_message(reward, message):
+    assert problems_of(make_spec(reward=reward)) == [message]
+    assert message in crd_rule_messages()
+
+
+def test_remote_reward_parses_with_its_defaults():
+    remote = parse_spec(make_spec(reward={"type": "Remote", "remote": {"url": "https://scorer.example/v1/score?x=1"}})).reward.remote
+    assert remote.url == "https://scorer.example/v1/score?x=1"
+    assert (remote.timeout_seconds, remote.max_retries, remote.max_concurrency, remote.batch_size) == (60, 3, 4, 64)
+    assert remote.headers is None
+
+
+@pytest.mark.parametrize(
+    "remote, field",
+    [
+        ({"url": "ftp://scorer/score"}, "spec.reward.remote.url"),
+        ({"url": "scorer:8000/score"}, "spec.reward.remote.url"),
+        ({"url": "http:///score"}, "spec.reward.remote.url"),
+        ({"url": "http://scorer/a b"}, "spec.reward.remote.url"),
+        ({"url": "http://s", "maxRetries": 11}, "spec.reward.remote.maxRetries"),
+        ({"url": "http://s", "timeoutSeconds": 0}, "spec.reward.remote.timeoutSeconds"),
+        ({"url": "http://s", "maxConcurrency": 0}, "spec.reward.remote.maxConcurrency"),
+        ({"url": "http://s", "batchSize": 0}, "spec.reward.remote.batchSize"),
+    ],
+)
+def test_remote_reward_bad_settings_name_their_field(remote, field):
+    problems = problems_of(make_spec(reward={"type": "Remote", "remote": remote}))
+    assert any(p.startswith(field + ":") for p in problems), problems
+
+
+def test_remote_reward_headers_name_their_environment_variables():
+    headers = [{"name": "Authorization", "fromEnv": "SCORER_AUTHORIZATION"}, {"name": "X-Team", "fromEnv": "TEAM"}]
+    remote = parse_spec(make_spec(reward={"type": "Remote", "remote": {"url": "http://s", "headers": headers}})).reward.remote
+    assert [(h.name, h.from_env) for h in remote.headers] == [("Authorization", "SCORER_AUTHORIZATION"), ("X-Team", "TEAM")]
+
+
+@pytest.mark.parametrize(
+    "headers, fragment",
+    [
+        ([{"name": "Bad Header", "fromEnv": "T"}], "spec.reward.remote.headers.0.name:"),
+        ([{"name": "Authorization", "fromEnv": "1TOKEN"}], "spec.reward.remote.headers.0.fromEnv:"),
+        ([{"name": "Authorization"}], "spec.reward.remote.headers.0.fromEnv: required"),
+        ([{"name": "A", "fromEnv": "T"}, {"name": "A", "fromEnv": "U"}],
+         "reward.remote.headers: a header is named twice: keep one entry per name"),
+    ],
+)
+def test_remote_reward_bad_headers_are_refused_naming_the_field(headers, fragment):
+    problems = problems_of(make_spec(reward={"type": "Remote", "remote": {"url": "http://s", "headers": headers}}))
+    assert any(p.startswith(fragment) for p in problems), problems

@@ -182,14 +182,14 @@ def test_custom_reward_load_errors(custom_file):
 
 
 def test_build_reward_kinds():
-    assert REWARD_KINDS == ("exact_answer", "synthetic", "custom")
+    assert REWARD_KINDS == ("exact_answer", "synthetic", "custom", "remote")
     assert build_reward("exact_answer") == ExactFinalAnswerReward()
     assert build_reward("synthetic", target="b") == SyntheticReward(target="b")
 
 
 def test_build_reward_unknown_kind_lists_valid_kinds():
     with pytest.raises(
-        ValueError, match=r"unknown reward kind 'gsm8k'; valid kinds: exact_answer, synthetic, custom"
+        ValueError, match=r"unknown reward kind 'gsm8k'; valid kinds: exact_answer, synthetic, custom, remote"
     ):
         build_reward("gsm8k")
 

@@ -24,7 +24,7 @@ import torch
 from ppo_trainer.batch import RolloutBatch
 from ppo_trainer.data import Prompt
 from ppo_trainer.offload import Residency, Transition
-from ppo_trainer.rewards import build_reward
+from ppo_trainer.rewards import Reward, build_reward
 from ppo_trainer.roles.base import use_all_cores
 from ppo_trainer.rollout.base import RolloutEngine, SamplingParams
 from ppo_trainer.rollout.layout import build_rollout_batch
@@ -34,7 +34,20 @@ from ppojob_api.spec import PPOJobSpec
 from ppojob_api.vocabulary import RewardType
 from ppojob_api.vocabulary import RolloutEngine as EngineKind
 
-REWARD_KINDS = {RewardType.SYNTHETIC: "synthetic", RewardType.EXACT_ANSWER: "exact_answer", RewardType.CUSTOM: "custom"}
+REWARD_KINDS = {RewardType.SYNTHETIC: "synthetic", RewardType.EXACT_ANSWER: "exact_answer", RewardType.CUSTOM: "custom",
+                RewardType.REMOTE: "remote"}
+
+
+def build_spec_reward(spec: PPOJobSpec) -> Reward:
+    """The reward of `spec.reward`: its type's kind, with the endpoint's settings for type Remote."""
+    reward = spec.reward
+    options = {}
+    if reward.type == RewardType.REMOTE:
+        remote = reward.remote
+        options = {"url": remote.url, "timeout_seconds": remote.timeout_seconds, "max_retries": remote.max_retries,
+                   "max_concurrency": remote.max_concurrency, "batch_size": remote.batch_size,
+                   "headers_from_env": {header.name: header.from_env for header in remote.headers or []}}
+    return build_reward(REWARD_KINDS[reward.type], custom_function=reward.function, **options)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,7 +112,7 @@ class RolloutWorker:
             spec, device=device, rank=rank, pad_token_id=self.tokenizer.pad_token_id, sglang_server=sglang_server
         )
         self.engine, self.servers = built.engine, built.servers
-        self.reward = build_reward(REWARD_KINDS[spec.reward.type], custom_function=spec.reward.function)
+        self.reward = build_spec_reward(spec)
         self._transitions: list[Transition] = []
         self.residency = Residency.for_rollout(rank=rank, listener=self._transitions.append)
         self.receiver = weight_sync_path(weight_sync).receiver(engine=self.engine, device=device, wake=self.wake)
