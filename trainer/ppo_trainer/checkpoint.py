@@ -33,7 +33,7 @@ class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete, or does not fit this run."""
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -124,10 +124,10 @@ class CheckpointManager:
     def commit(self, temp: Path, state: TrainerState) -> Path:
         """Write the trainer state, make the directory durable and rename it into place; prune old ones."""
         _write_file(temp / TRAINER_FILE, lambda f: f.write(json.dumps(asdict(state)).encode()))
-        _fsync_dir(temp)
+        fsync_dir(temp)
         final = self.root / f"step-{state.step:08d}"
         os.rename(temp, final)
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
         self._prune()
         return final
 
