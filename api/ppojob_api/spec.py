@@ -196,6 +196,8 @@ class ExportSpec(_Model):
     checkpoint.volumeClaim, a folder under checkpoint.path (`EXPORT_OFF_THE_VOLUME`)."""
     dtype: str | None = Field(None, pattern="^(float32|bfloat16)$")
     """The exported weights' dtype; defaults to model.dtype."""
+    critic: bool = False
+    """Also the critic, as a value model (AutoModelForTokenClassification, one label), into <path>/critic/."""
 
 
 class CheckpointSpec(_Model):
@@ -429,6 +431,11 @@ EXPORT_OFF_THE_VOLUME = (
     " to use <checkpoint.path>/export"
 )
 
+EXPORT_CRITIC_NEEDS_A_CRITIC = (
+    "checkpoint.export.critic exports the critic, but critic.enabled is false: set checkpoint.export.critic to false,"
+    " or enable the critic"
+)
+
 
 def is_folder_under(path: str, directory: str) -> bool:
     """`path` names a folder inside `directory`, as the CRD's CEL rule reads it: by its characters
@@ -501,6 +508,8 @@ def check_semantics(spec: PPOJobSpec) -> list[str]:
     if checkpoint.volume_claim and spec.critic.save is not None and not is_folder_under(spec.critic.save, checkpoint.path):
         problems.append(CRITIC_SAVE_OFF_THE_VOLUME)
     export = checkpoint.export
+    if export is not None and export.critic and not spec.critic.enabled:
+        problems.append(EXPORT_CRITIC_NEEDS_A_CRITIC)
     if checkpoint.volume_claim and export is not None and export.path is not None and not is_folder_under(
             export.path, checkpoint.path):
         problems.append(EXPORT_OFF_THE_VOLUME)

@@ -105,6 +105,8 @@ class TrainerState:
     rng: dict[str, Any] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)
     """Per-step metrics so far (StepMetrics.to_dict())."""
+    last_export: str | None = None
+    """The actor's latest Hugging Face export (checkpoint.export), a directory."""
 
 
 class CheckpointManager:

@@ -10,7 +10,9 @@ engines. In warm-up steps the actor did not change, so the sync is skipped and c
 `ppo.schedule` OneStepOverlap the next step's batch is started as soon as this step's is out (on
 the weights the engines hold, one update behind the actor's at most) and trains next step; the
 weight sync first waits for it, since the engines take no weights mid-batch. `run`
-wires a run together (prompts, roles, resume); `critic.save` gets the critic's checkpoints too.
+wires a run together (prompts, roles, resume); `critic.save` gets the critic's checkpoints too,
+and `checkpoint.export` Hugging Face directories of the trained models (every interval steps, and
+at the end).
 A stop asked for (SIGTERM, `graceful_stop`) is taken between two steps: the steps since the last
 checkpoint are saved, then the run ends with TrainerStopped.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import ray
 
@@ -32,6 +35,7 @@ from ppo_trainer.checkpoint import (
     write_pending_batch,
 )
 from ppo_trainer.data import PromptSampler, load_jsonl_prompts, synthetic_prompts
+from ppo_trainer.export import CRITIC_FOLDER, export_name
 from ppo_trainer.failures import describe_failure
 from ppo_trainer.graceful_stop import StopRequest, TrainerStopped
 from ppo_trainer.reporting.metrics import StageTimer, StepMetrics
@@ -51,7 +55,7 @@ SYNTHETIC_PROMPTS = 1024
 
 def train(spec: PPOJobSpec, *, roles: Roles, sampler: PromptSampler, state: TrainerState, status: ProgressTracker,
           checkpoints: CheckpointManager | None, pending: Generation | None = None,
-          stop: StopRequest | None = None) -> TrainerState:
+          stop: StopRequest | None = None, exports: Path | None = None) -> TrainerState:
     ppo, critic_updates = spec.ppo, spec.critic.updates_per_actor_update
     overlap = ppo.schedule == Schedule.ONE_STEP_OVERLAP
     saved_step = state.step  # a resumed run starts at its checkpoint's step
@@ -110,6 +114,12 @@ def train(spec: PPOJobSpec, *, roles: Roles, sampler: PromptSampler, state: Trai
         if should_save_critic(spec, state.step):
             status.stage(Stage.CHECKPOINT, state=state)
             save_critic(roles, CheckpointManager(spec.critic.save, keep=spec.checkpoint.keep), state)
+        if exports is not None and should_export(spec, state.step):
+            status.stage(Stage.CHECKPOINT, state=state)
+            export_models(roles, spec, exports, state, status, final=False)
+    if exports is not None:
+        status.stage(Stage.CHECKPOINT, state=state)
+        export_models(roles, spec, exports, state, status, final=True)
     status.finish()
     return state
 
@@ -169,6 +179,36 @@ def should_save_critic(spec: PPOJobSpec, steps_done: int) -> bool:
     """critic.save: at every checkpoint, and after the last step even when checkpoints are off."""
     return bool(spec.critic.enabled and spec.critic.save) and (
         should_checkpoint(spec, steps_done) or steps_done == spec.ppo.num_rollouts)
+
+
+def should_export(spec: PPOJobSpec, steps_done: int) -> bool:
+    """checkpoint.export.interval: every interval steps, but the last (the end's export is that one)."""
+    interval = spec.checkpoint.export.interval
+    return interval > 0 and steps_done % interval == 0 and steps_done < spec.ppo.num_rollouts
+
+
+def export_root(spec: PPOJobSpec, checkpoint_dir: str | None) -> Path | None:
+    """Where checkpoint.export writes: its path, or <checkpoint directory>/export; None when export is off."""
+    export = spec.checkpoint.export
+    if export is None:
+        return None
+    if export.path is None and checkpoint_dir is None:
+        raise ValueError("checkpoint.export has no folder to write to (this run has no checkpoint directory):"
+                         " set checkpoint.export.path")
+    return Path(export.path) if export.path is not None else Path(checkpoint_dir) / "export"
+
+
+def export_models(roles: Roles, spec: PPOJobSpec, root: Path, state: TrainerState, status: ProgressTracker, *,
+                  final: bool) -> None:
+    """The actor (and with checkpoint.export.critic the critic) as Hugging Face directories under `root`:
+    `final` after the last step, else step-NNNNNNNN; one role after the other, as they share the devices."""
+    export, started = spec.checkpoint.export, time.perf_counter()
+    name, dtype = export_name(None if final else state.step), export.dtype or spec.model.dtype
+    path = roles.actor.call(ActorWorker.export, str(root / name), dtype=dtype)[0]
+    critic_path = (roles.critic.call(CriticWorker.export, str(root / CRITIC_FOLDER / name), dtype=dtype)[0]
+                   if export.critic else None)
+    state.last_export = path
+    status.exported(step=state.step, path=path, critic_path=critic_path, seconds=time.perf_counter() - started)
 
 
 def save_critic(roles: Roles, checkpoints: CheckpointManager, state: TrainerState) -> None:
@@ -239,6 +279,7 @@ def run_on(roles: Roles, spec: PPOJobSpec, *, reporter: Reporter, checkpoint_dir
            resume: bool = False, attempt: int = 0, stop: StopRequest | None = None) -> TrainerState:
     """Run the job on built roles: restore the latest checkpoint when resuming, then train to the end."""
     checkpoints = CheckpointManager(checkpoint_dir, keep=spec.checkpoint.keep) if checkpoint_dir else None
+    exports = export_root(spec, checkpoint_dir)
     sampler = PromptSampler(load_prompts(spec), spec.rollout.batch_size, seed=spec.seed)
     state = TrainerState()
     latest = checkpoints.latest() if (checkpoints and resume) else None
@@ -264,7 +305,7 @@ def run_on(roles: Roles, spec: PPOJobSpec, *, reporter: Reporter, checkpoint_dir
         roles.sync_weights(version=spec.ppo.actor_updates_before(state.step))
     try:
         return train(spec, roles=roles, sampler=sampler, state=state, status=status, checkpoints=checkpoints,
-                     pending=pending, stop=stop)
+                     pending=pending, stop=stop, exports=exports)
     except TrainerStopped as stopped:  # not a failure: the job goes on from the checkpoint when it resumes
         reporter.event("note", line=str(stopped))
         raise

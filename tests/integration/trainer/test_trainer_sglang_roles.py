@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import tiny_spec
-from role_state import actor_weights
+from role_state import role_weights
 
 from ppo_trainer.reporting.reporters import Recorder
 from ppo_trainer.roles.build import PlacementError, build_roles, compute_layout
@@ -49,7 +49,7 @@ def test_sglang_roles_sync_the_actor_weights_to_the_served_model(ray_session):
         run_on(roles, spec, reporter=recorder, checkpoint_dir=None)
 
         # What the server serves now is exactly the trained actor's policy.
-        weights = actor_weights(roles.actor)
+        weights = role_weights(roles.actor)
         local = TorchRolloutEngine(model_spec=spec.model, device="cpu", seed=spec.seed)
         local.update_weights(weights.items())
         after, expected = served_greedy(url), local.generate(PROMPTS, GREEDY)

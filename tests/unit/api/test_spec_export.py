@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ppojob_api.spec import EXPORT_OFF_THE_VOLUME, SpecError, parse_spec
+from ppojob_api.spec import EXPORT_CRITIC_NEEDS_A_CRITIC, EXPORT_OFF_THE_VOLUME, SpecError, parse_spec
 
 CRD = Path(__file__).resolve().parents[3] / "crds" / "ppojobs.ppojob.io.yaml"
 VOLUME = {"path": "/checkpoints", "volumeClaim": "ppo-checkpoints"}
@@ -24,7 +24,7 @@ def problems(raw: dict) -> list[str]:
 def test_export_is_off_until_set_and_an_empty_export_writes_the_end_only():
     assert parse_spec(spec_with()).checkpoint.export is None
     export = parse_spec(spec_with(export={})).checkpoint.export
-    assert (export.interval, export.path, export.dtype) == (0, None, None)
+    assert (export.interval, export.path, export.dtype, export.critic) == (0, None, None, False)
 
 
 def test_export_fields_parse_with_their_crd_names():
@@ -36,7 +36,7 @@ def test_export_fields_parse_with_their_crd_names():
     ({"interval": -1}, "spec.checkpoint.export.interval"),
     ({"path": ""}, "spec.checkpoint.export.path"),
     ({"dtype": "float16"}, "spec.checkpoint.export.dtype"),
-    ({"critic": True}, "spec.checkpoint.export.critic"),
+    ({"critic": "maybe"}, "spec.checkpoint.export.critic"),
 ])
 def test_bad_export_values_are_refused_naming_the_field(export, field):
     (problem,) = problems(spec_with(export=export))
@@ -45,7 +45,7 @@ def test_bad_export_values_are_refused_naming_the_field(export, field):
 
 def test_unknown_export_key_lists_the_valid_ones():
     (problem,) = problems(spec_with(export={"every": 3}))
-    assert "valid fields here: interval, path, dtype" in problem
+    assert "valid fields here: interval, path, dtype, critic" in problem
 
 
 @pytest.mark.parametrize("path", ["/export", "/checkpoints", "/checkpoints/../export", "relative/export"])
@@ -67,3 +67,12 @@ def test_the_crd_states_the_volume_rule_with_the_same_message_on_the_export_path
     (rule,) = [r for r in spec["x-kubernetes-validations"] if r.get("message") == EXPORT_OFF_THE_VOLUME]
     assert rule["fieldPath"] == ".checkpoint.export.path"
     assert "self.checkpoint.export.path.startsWith" in rule["rule"]
+
+
+def test_exporting_the_critic_needs_one_and_the_crd_says_so_with_the_same_message():
+    raw = {**spec_with(export={"critic": True}), "critic": {"enabled": False}}
+    assert problems(raw) == [EXPORT_CRITIC_NEEDS_A_CRITIC]
+    assert parse_spec(spec_with(export={"critic": True})).checkpoint.export.critic
+    spec = yaml.safe_load(CRD.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    (rule,) = [r for r in spec["x-kubernetes-validations"] if r.get("message") == EXPORT_CRITIC_NEEDS_A_CRITIC]
+    assert rule["fieldPath"] == ".checkpoint.export.critic"

@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from ppo_trainer.reporting.kubernetes import KubernetesReporter, Throttle, progress_patch
-from ppo_trainer.reporting.reporters import CheckpointInfo, JsonLinesReporter, Progress
+from ppo_trainer.reporting.reporters import CheckpointInfo, ExportInfo, JsonLinesReporter, Progress
 from ppojob_api.vocabulary import RolloutResidency, Stage, TrainResidency
 
 
@@ -58,9 +58,12 @@ def test_reporting_progress_fields_are_the_crds():
     crd = yaml.safe_load((Path(__file__).resolve().parents[3] / "crds" / "ppojobs.ppojob.io.yaml").read_text())
     schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["progress"]
     p = progress(metrics={"rewardMean": 0.5}, last_checkpoint=CheckpointInfo(step=2, path="/c", time="t"),
+                 last_export=ExportInfo(step=2, path="/c/export/step-2", time="t", critic_path="/c/export/critic/step-2"),
                  error="boom", estimated_remaining_seconds=200.4)
     status = progress_patch(p, now="2026-01-01T00:00:00Z")
     fields = reported(status)
+    export_schema = schema["properties"]["lastExport"]["properties"]
+    assert set(fields["lastExport"]) == set(export_schema) and fields["lastExport"]["criticPath"].endswith("step-2")
     assert (fields["estimatedRemainingSeconds"], fields["eta"], fields["percent"]) == (200, "3m20s", 30)
     assert set(fields) <= set(schema["properties"]), set(fields) - set(schema["properties"])
     assert "eta" in {c["jsonPath"].rsplit(".", 1)[1] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]}

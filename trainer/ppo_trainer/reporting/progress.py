@@ -17,7 +17,7 @@ from dataclasses import replace
 from ppo_trainer.checkpoint import TrainerState
 from ppo_trainer.offload import Transition
 from ppo_trainer.reporting.metrics import StepMetrics
-from ppo_trainer.reporting.reporters import CheckpointInfo, Progress, Reporter, utc_now
+from ppo_trainer.reporting.reporters import CheckpointInfo, ExportInfo, Progress, Reporter, utc_now
 from ppojob_api.progress import estimate_remaining_seconds
 from ppojob_api.vocabulary import RolloutResidency, Stage, TrainResidency
 
@@ -81,6 +81,12 @@ class ProgressTracker:
         self.reporter.event("checkpoint", step=step, path=path, seconds=round(seconds, 3),
                             line=f"checkpoint after step {step}: {path} ({seconds:.2f}s)")
         self._update(last_checkpoint=CheckpointInfo(step=step, path=path, time=utc_now()))
+
+    def exported(self, *, step: int, path: str, critic_path: str | None, seconds: float) -> None:
+        critic = f", critic {critic_path}" if critic_path else ""
+        self.reporter.event("export", step=step, path=path, critic_path=critic_path, seconds=round(seconds, 3),
+                            line=f"export after step {step}: {path}{critic} ({seconds:.2f}s)")
+        self._update(last_export=ExportInfo(step=step, path=path, time=utc_now(), critic_path=critic_path))
 
     def finish(self, *, error: str | None = None) -> None:
         if error is not None:

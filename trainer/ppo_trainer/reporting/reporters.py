@@ -37,6 +37,22 @@ class CheckpointInfo:
 
 
 @dataclass(frozen=True)
+class ExportInfo:
+    """A Hugging Face export (`status.progress.lastExport`): the actor's directory, and the critic's when exported."""
+
+    step: int
+    path: str
+    time: str
+    critic_path: str | None = None
+
+    def to_status(self) -> dict[str, Any]:
+        status = {"step": self.step, "path": self.path, "time": self.time}
+        if self.critic_path is not None:
+            status["criticPath"] = self.critic_path
+        return status
+
+
+@dataclass(frozen=True)
 class Progress:
     """What the trainer reports: `status.progress` of the PPOJob (see `to_status`)."""
 
@@ -52,6 +68,7 @@ class Progress:
     rollout: RolloutResidency = RolloutResidency.AWAKE
     weight_syncs_skipped: int = 0
     last_checkpoint: CheckpointInfo | None = None
+    last_export: ExportInfo | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     finished: bool = False
     error: str | None = None
@@ -105,6 +122,8 @@ class Progress:
             status["eta"] = format_duration(self.estimated_remaining_seconds)
         if self.last_checkpoint is not None:
             status["lastCheckpoint"] = asdict(self.last_checkpoint)
+        if self.last_export is not None:
+            status["lastExport"] = self.last_export.to_status()
         if self.metrics:
             status["metrics"] = dict(self.metrics)
         if self.error is not None:
@@ -118,7 +137,7 @@ class Reporter(Protocol):
         ...
 
     def event(self, kind: str, **fields: Any) -> None:
-        """Something that happened: 'transition', 'step' (with its metrics), 'checkpoint', 'error'."""
+        """Something that happened: 'transition', 'step' (with its metrics), 'checkpoint', 'export', 'error'."""
         ...
 
     def close(self) -> None: ...
@@ -171,7 +190,7 @@ class TerminalReporter:
         self.bar.set_postfix_str(f"{progress.stage.value}{warmup} | {progress.offload}", refresh=True)
 
     def event(self, kind: str, **fields: Any) -> None:
-        if kind in ("step", "checkpoint", "error", "note"):
+        if kind in ("step", "checkpoint", "export", "error", "note"):
             self.bar.write(fields.get("line") or f"{kind}: {json.dumps(_jsonable(fields))}")
 
     def close(self) -> None:
