@@ -105,8 +105,9 @@ class TrainerState:
     rng: dict[str, Any] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)
     """Per-step metrics so far (StepMetrics.to_dict())."""
-    last_export: str | None = None
-    """The actor's latest Hugging Face export (checkpoint.export), a directory."""
+    last_export: dict[str, Any] | None = None
+    """The latest Hugging Face export (checkpoint.export) as status.progress.lastExport says it, so
+    that a resumed run reports it again."""
 
 
 class CheckpointManager:

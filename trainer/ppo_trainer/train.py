@@ -40,7 +40,7 @@ from ppo_trainer.failures import describe_failure
 from ppo_trainer.graceful_stop import StopRequest, TrainerStopped
 from ppo_trainer.reporting.metrics import StageTimer, StepMetrics
 from ppo_trainer.reporting.progress import ProgressTracker
-from ppo_trainer.reporting.reporters import CheckpointInfo, Reporter, utc_time
+from ppo_trainer.reporting.reporters import CheckpointInfo, ExportInfo, Reporter, utc_now, utc_time
 from ppo_trainer.roles.actor import ActorWorker
 from ppo_trainer.roles.build import Roles, build_roles, compute_layout
 from ppo_trainer.roles.critic import CriticWorker
@@ -107,6 +107,9 @@ def train(spec: PPOJobSpec, *, roles: Roles, sampler: PromptSampler, state: Trai
                             actor_version=ppo.actor_updates_before(step), compile_seconds=roles.take_compile_seconds())
         state.history.append(metrics.to_dict())
         status.step_done(metrics, state=state)
+        if exports is not None and should_export(spec, state.step):  # first: the checkpoint then names it
+            status.stage(Stage.CHECKPOINT, state=state)
+            export_models(roles, spec, exports, state, status, final=False)
         if checkpoints is not None and should_checkpoint(spec, state.step):
             status.stage(Stage.CHECKPOINT, state=state)
             save_checkpoint(roles, checkpoints, state, sampler, status, pending)
@@ -114,9 +117,6 @@ def train(spec: PPOJobSpec, *, roles: Roles, sampler: PromptSampler, state: Trai
         if should_save_critic(spec, state.step):
             status.stage(Stage.CHECKPOINT, state=state)
             save_critic(roles, CheckpointManager(spec.critic.save, keep=spec.checkpoint.keep), state)
-        if exports is not None and should_export(spec, state.step):
-            status.stage(Stage.CHECKPOINT, state=state)
-            export_models(roles, spec, exports, state, status, final=False)
     if exports is not None:
         status.stage(Stage.CHECKPOINT, state=state)
         export_models(roles, spec, exports, state, status, final=True)
@@ -207,8 +207,9 @@ def export_models(roles: Roles, spec: PPOJobSpec, root: Path, state: TrainerStat
     path = roles.actor.call(ActorWorker.export, str(root / name), dtype=dtype)[0]
     critic_path = (roles.critic.call(CriticWorker.export, str(root / CRITIC_FOLDER / name), dtype=dtype)[0]
                    if export.critic else None)
-    state.last_export = path
-    status.exported(step=state.step, path=path, critic_path=critic_path, seconds=time.perf_counter() - started)
+    written = ExportInfo(step=state.step, path=path, time=utc_now(), critic_path=critic_path)
+    state.last_export = written.to_status()
+    status.exported(written, seconds=time.perf_counter() - started)
 
 
 def save_critic(roles: Roles, checkpoints: CheckpointManager, state: TrainerState) -> None:

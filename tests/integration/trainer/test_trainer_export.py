@@ -1,12 +1,16 @@
 """checkpoint.export through Ray on CPU: a short job writes the actor's and the critic's Hugging Face
 directories every interval steps and at the end, its status names the last one, and what transformers
-loads from the end's export gives the trained actor's log-probs and holds the trained critic's weights."""
+loads from the end's export gives the trained actor's log-probs and holds the trained critic's weights;
+through the real CLI, the run's summary, events and last progress report name the export."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import torch
+import yaml
+from cli_run import records, start
 from conftest import tiny_spec
 from role_state import role_weights
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
@@ -50,7 +54,7 @@ def test_export_every_interval_and_at_the_end_loads_with_the_trainer_s_log_probs
     assert sorted(p.name for p in root.iterdir()) == ["critic", "final", "step-00000002"]
     assert sorted(p.name for p in (root / "critic").iterdir()) == ["final", "step-00000002"]
     final = root / "final"
-    assert state.last_export == str(final)
+    assert state.last_export["path"] == str(final)
     reported = recorder.progress[-1].to_status()["lastExport"]
     assert (reported["step"], reported["path"], reported["criticPath"]) == (3, str(final), str(root / "critic/final"))
     exports = [fields for kind, fields in recorder.events if kind == "export"]
@@ -70,3 +74,23 @@ def test_export_every_interval_and_at_the_end_loads_with_the_trainer_s_log_probs
     assert set(held) == set(loaded)
     for name, tensor in held.items():
         assert torch.equal(loaded[name], tensor), name
+
+
+def test_the_cli_run_s_summary_events_and_status_name_the_export(tmp_path):
+    config, run_dir = tmp_path / "job.yaml", tmp_path / "run"
+    config.write_text(yaml.safe_dump({"kind": "PPOJob", "metadata": {"name": "export"}, "spec": {
+        "model": {"path": "builtin:tiny"}, "rollout": {"batchSize": 8, "maxNewTokens": 8},
+        "ppo": {"numRollouts": 2}, "checkpoint": {"interval": 1, "export": {"interval": 1, "dtype": "bfloat16"}}}}))
+    trainer = start(config, run_dir)
+    out, _ = trainer.communicate(timeout=240)
+    assert trainer.returncode == 0
+    root = run_dir / "checkpoints" / "export"
+    assert sorted(p.name for p in root.iterdir()) == ["final", "step-00000001"]
+    assert json.loads((run_dir / "summary.json").read_text())["export"] == str(root / "final")
+    lines = list(records(out.splitlines()))
+    assert [r["path"] for r in lines if r["kind"] == "export"] == [str(root / "step-00000001"), str(root / "final")]
+    last = [r for r in lines if r["kind"] == "progress"][-1]
+    assert last["finished"] and (last["lastExport"]["step"], last["lastExport"]["path"]) == (2, str(root / "final"))
+    assert "criticPath" not in last["lastExport"]
+    loaded = AutoModelForCausalLM.from_pretrained(str(root / "final"))
+    assert loaded.dtype == torch.bfloat16 and loaded.config.architectures == ["LlamaForCausalLM"]

@@ -44,6 +44,7 @@ class ProgressTracker:
             weight_syncs_skipped=state.weight_syncs_skipped,
             critic=TrainResidency.ON_DEVICE if with_critic else None,
             last_checkpoint=last_checkpoint,
+            last_export=ExportInfo.from_status(state.last_export) if state.last_export else None,
         )
 
     def _update(self, **changes) -> None:
@@ -82,11 +83,12 @@ class ProgressTracker:
                             line=f"checkpoint after step {step}: {path} ({seconds:.2f}s)")
         self._update(last_checkpoint=CheckpointInfo(step=step, path=path, time=utc_now()))
 
-    def exported(self, *, step: int, path: str, critic_path: str | None, seconds: float) -> None:
-        critic = f", critic {critic_path}" if critic_path else ""
-        self.reporter.event("export", step=step, path=path, critic_path=critic_path, seconds=round(seconds, 3),
-                            line=f"export after step {step}: {path}{critic} ({seconds:.2f}s)")
-        self._update(last_export=ExportInfo(step=step, path=path, time=utc_now(), critic_path=critic_path))
+    def exported(self, export: ExportInfo, *, seconds: float) -> None:
+        critic = f", critic {export.critic_path}" if export.critic_path else ""
+        self.reporter.event("export", step=export.step, path=export.path, critic_path=export.critic_path,
+                            seconds=round(seconds, 3),
+                            line=f"export after step {export.step}: {export.path}{critic} ({seconds:.2f}s)")
+        self._update(last_export=export)
 
     def finish(self, *, error: str | None = None) -> None:
         if error is not None:

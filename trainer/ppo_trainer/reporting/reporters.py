@@ -45,6 +45,10 @@ class ExportInfo:
     time: str
     critic_path: str | None = None
 
+    @classmethod
+    def from_status(cls, status: dict[str, Any]) -> ExportInfo:
+        return cls(step=status["step"], path=status["path"], time=status["time"], critic_path=status.get("criticPath"))
+
     def to_status(self) -> dict[str, Any]:
         status = {"step": self.step, "path": self.path, "time": self.time}
         if self.critic_path is not None:
