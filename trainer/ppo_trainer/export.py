@@ -72,12 +72,12 @@ def export_source(model: ModelSpec, *, tokenizer: str | None = None, value_model
 
 
 def export_config(source: ExportSource, dtype: torch.dtype):
-    """The config.json of the export: the source's, with its dtype, and for the critic one label."""
+    """The config.json of the export, but for its architecture: the source's, with its dtype, and for
+    the critic one label."""
     config = copy.deepcopy(source.config)
     config.dtype = dtype
     if source.value_model:
         config.num_labels = 1
-    config.architectures = [type(empty_model(config, value_model=source.value_model)).__name__]
     return config
 
 
@@ -105,8 +105,10 @@ def write_export(directory: str | Path, weights: Iterable[tuple[str, torch.Tenso
     """Write the export of `weights` (Hugging Face names; on any device) into `directory`, atomically."""
     directory = Path(directory)
     config = export_config(source, dtype)
+    loader = empty_model(config, value_model=source.value_model)
+    config.architectures = [type(loader).__name__]
     tensors = {name: tensor.detach().to(device="cpu", dtype=dtype, copy=True).contiguous() for name, tensor in weights}
-    check_names(set(tensors), empty_model(config, value_model=source.value_model))
+    check_names(set(tensors), loader)
     directory.parent.mkdir(parents=True, exist_ok=True)
     temp = directory.parent / f".tmp-{directory.name}-{uuid.uuid4().hex[:8]}"
     temp.mkdir()

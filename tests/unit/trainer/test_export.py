@@ -66,7 +66,7 @@ def test_bfloat16_export_holds_bfloat16_weights_and_says_so(tmp_path):
     policy = tiny_policy()
     path = write_export(tmp_path / "x", policy.named_parameters(), source=tiny_source(), dtype=torch.bfloat16)
     with safe_open(str(path / WEIGHTS_FILE), "pt") as f:
-        assert {f.get_tensor(name).dtype for name in f} == {torch.bfloat16}
+        assert {f.get_tensor(name).dtype for name in f.keys()} == {torch.bfloat16}  # noqa: SIM118 (not a dict)
         assert torch.equal(f.get_tensor("lm_head.weight"), policy.lm_head.weight.detach().bfloat16())
     assert json.loads((path / "config.json").read_text())["dtype"] == "bfloat16"
 
