@@ -40,6 +40,8 @@ def urgency(previous: Mapping[str, Any] | None, current: Mapping[str, Any]) -> s
         return "finished"
     if current.get("lastCheckpoint") != previous.get("lastCheckpoint"):
         return "checkpoint"
+    if current.get("lastExport") != previous.get("lastExport"):
+        return "export"
     if current.get("criticOnlyStepsDone") != previous.get("criticOnlyStepsDone"):
         return "warm-up step"
     return None

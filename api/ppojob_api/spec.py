@@ -15,6 +15,7 @@ Depends on pydantic and the standard library only (the operator image has no tor
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass
 from typing import Any
 
@@ -230,6 +231,18 @@ class RewardSpec(_Model):
     remote: RemoteRewardSpec = RemoteRewardSpec()
 
 
+class ExportSpec(_Model):
+    interval: int = Field(0, ge=0)
+    """Steps between exports, each into <path>/step-NNNNNNNN; 0: only the end's, into <path>/final."""
+    path: str | None = Field(None, min_length=1, max_length=4096)
+    """Folder the exports are written to; defaults to <checkpoint directory>/export. With
+    checkpoint.volumeClaim, a folder under checkpoint.path (`EXPORT_OFF_THE_VOLUME`)."""
+    dtype: str | None = Field(None, pattern="^(float32|bfloat16)$")
+    """The exported weights' dtype; defaults to model.dtype."""
+    critic: bool = False
+    """Also the critic, as a value model (AutoModelForTokenClassification, one label), into <path>/critic/."""
+
+
 class CheckpointSpec(_Model):
     path: str = Field("/checkpoints", max_length=4096)
     volume_claim: str | None = None
@@ -237,6 +250,8 @@ class CheckpointSpec(_Model):
     keep: int = Field(2, ge=1)
     termination_grace_period_seconds: int = Field(300, ge=1, le=3600)
     """The Ray pods' grace period: a stopped trainer finishes its step and checkpoints within it."""
+    export: ExportSpec | None = None
+    """The trained actor as a Hugging Face model directory (`ppo_trainer/export.py`); off when unset."""
 
 
 class ResourcesSpec(_Model):
@@ -387,6 +402,8 @@ def _section_model(path: tuple) -> type[_Model] | None:
             (f for name, f in model.model_fields.items() if (f.alias or name) == key or name == key), None
         )
         annotation = getattr(field, "annotation", None)
+        # An optional section (`ExportSpec | None`) lists the fields of its model.
+        annotation = next((a for a in typing.get_args(annotation) if a is not type(None)), annotation)
         if not (isinstance(annotation, type) and issubclass(annotation, _Model)):
             return None
         model = annotation
@@ -448,6 +465,18 @@ CRITIC_SAVE_OFF_THE_VOLUME = (
     " checkpoint.path is the only storage of the job's pods that outlives them, so critics saved elsewhere are lost"
     " with the pods; set critic.save to a folder under checkpoint.path (for example <checkpoint.path>/critic),"
     " without '..'"
+)
+
+EXPORT_OFF_THE_VOLUME = (
+    "checkpoint.export.path must be a folder under checkpoint.path when checkpoint.volumeClaim is set: the claim"
+    " mounted at checkpoint.path is the only storage of the job's pods that outlives them, so exports written"
+    " elsewhere are lost with the pods; set checkpoint.export.path to a folder under checkpoint.path, or remove it"
+    " to use <checkpoint.path>/export"
+)
+
+EXPORT_CRITIC_NEEDS_A_CRITIC = (
+    "checkpoint.export.critic exports the critic, but critic.enabled is false: set checkpoint.export.critic to false,"
+    " or enable the critic"
 )
 
 
@@ -552,6 +581,12 @@ def check_semantics(spec: PPOJobSpec) -> list[str]:
     checkpoint = spec.checkpoint
     if checkpoint.volume_claim and spec.critic.save is not None and not is_folder_under(spec.critic.save, checkpoint.path):
         problems.append(CRITIC_SAVE_OFF_THE_VOLUME)
+    export = checkpoint.export
+    if export is not None and export.critic and not spec.critic.enabled:
+        problems.append(EXPORT_CRITIC_NEEDS_A_CRITIC)
+    if checkpoint.volume_claim and export is not None and export.path is not None and not is_folder_under(
+            export.path, checkpoint.path):
+        problems.append(EXPORT_OFF_THE_VOLUME)
     return problems
 
 

@@ -199,7 +199,7 @@ def _attempt_status(
             Phase.SUCCEEDED, Reason.SUCCEEDED,
             f"{progress.get('steps') or spec.ppo.num_rollouts} steps done" + (
                 f"; last checkpoint {progress['lastCheckpoint'].get('path')}" if progress.get("lastCheckpoint") else ""
-            ),
+            ) + (f"; exported to {progress['lastExport'].get('path')}" if progress.get("lastExport") else ""),
         )
     if old_phase == Phase.RESTARTING.value and (observed.stale(attempt) or cluster is None):
         return draft.status  # the previous attempt is still being torn down

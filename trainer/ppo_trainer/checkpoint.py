@@ -33,7 +33,7 @@ class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete, or does not fit this run."""
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -105,6 +105,9 @@ class TrainerState:
     rng: dict[str, Any] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)
     """Per-step metrics so far (StepMetrics.to_dict())."""
+    last_export: dict[str, Any] | None = None
+    """The latest Hugging Face export (checkpoint.export) as status.progress.lastExport says it, so
+    that a resumed run reports it again."""
 
 
 class CheckpointManager:
@@ -124,10 +127,10 @@ class CheckpointManager:
     def commit(self, temp: Path, state: TrainerState) -> Path:
         """Write the trainer state, make the directory durable and rename it into place; prune old ones."""
         _write_file(temp / TRAINER_FILE, lambda f: f.write(json.dumps(asdict(state)).encode()))
-        _fsync_dir(temp)
+        fsync_dir(temp)
         final = self.root / f"step-{state.step:08d}"
         os.rename(temp, final)
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
         self._prune()
         return final
 

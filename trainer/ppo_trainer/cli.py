@@ -226,6 +226,8 @@ def _run(spec: PPOJobSpec, args: argparse.Namespace, *, run_dir: Path, checkpoin
         ray.shutdown()
     history = [StepMetrics.from_dict(d) for d in state.history]
     summary = summarize_run(history)
+    if state.last_export is not None:  # checkpoint.export: where the trained model is, for a user to load
+        summary["export"] = state.last_export["path"]
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     if history and not args.address:
         plot_run(history, run_dir / "run.png")

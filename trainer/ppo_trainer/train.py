@@ -12,7 +12,9 @@ data.validation is set, a step whose count is due ends with an evaluation on the
 `ppo.schedule` OneStepOverlap the next step's batch is started as soon as this step's is out (on
 the weights the engines hold, one update behind the actor's at most) and trains next step; the
 weight sync first waits for it, since the engines take no weights mid-batch. `run`
-wires a run together (prompts, roles, resume); `critic.save` gets the critic's checkpoints too.
+wires a run together (prompts, roles, resume); `critic.save` gets the critic's checkpoints too,
+and `checkpoint.export` Hugging Face directories of the trained models (every interval steps, and
+at the end).
 A stop asked for (SIGTERM, `graceful_stop`) is taken between two steps: the steps since the last
 checkpoint are saved, then the run ends with TrainerStopped.
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import ray
 
@@ -35,11 +38,12 @@ from ppo_trainer.checkpoint import (
 )
 from ppo_trainer.data import SYNTHETIC_SET_SIZE, PromptSampler, load_jsonl_prompts, synthetic_prompts
 from ppo_trainer.evaluation import Evaluation, Evaluator
+from ppo_trainer.export import CRITIC_FOLDER, export_name
 from ppo_trainer.failures import describe_failure
 from ppo_trainer.graceful_stop import StopRequest, TrainerStopped
 from ppo_trainer.reporting.metrics import StageTimer, StepMetrics
 from ppo_trainer.reporting.progress import ProgressTracker
-from ppo_trainer.reporting.reporters import CheckpointInfo, Reporter, utc_time
+from ppo_trainer.reporting.reporters import CheckpointInfo, ExportInfo, Reporter, utc_now, utc_time
 from ppo_trainer.roles.actor import ActorWorker
 from ppo_trainer.roles.build import Roles, build_roles, compute_layout
 from ppo_trainer.roles.critic import CriticWorker
@@ -52,7 +56,7 @@ from ppojob_api.vocabulary import Schedule, Stage
 
 def train(spec: PPOJobSpec, *, roles: Roles, sampler: PromptSampler, state: TrainerState, status: ProgressTracker,
           checkpoints: CheckpointManager | None, evaluator: Evaluator, pending: Generation | None = None,
-          stop: StopRequest | None = None) -> TrainerState:
+          stop: StopRequest | None = None, exports: Path | None = None) -> TrainerState:
     ppo, critic_updates = spec.ppo, spec.critic.updates_per_actor_update
     overlap = ppo.schedule == Schedule.ONE_STEP_OVERLAP
     saved_step = state.step  # a resumed run starts at its checkpoint's step
@@ -109,13 +113,11 @@ def train(spec: PPOJobSpec, *, roles: Roles, sampler: PromptSampler, state: Trai
                             evaluation=evaluation)
         state.history.append(metrics.to_dict())
         status.step_done(metrics, state=state)
-        if checkpoints is not None and should_checkpoint(spec, state.step):
-            status.stage(Stage.CHECKPOINT, state=state)
-            save_checkpoint(roles, checkpoints, state, sampler, status, pending)
+        if save_what_is_due(spec, roles, state, sampler, status, pending, checkpoints=checkpoints, exports=exports):
             saved_step = state.step
-        if should_save_critic(spec, state.step):
-            status.stage(Stage.CHECKPOINT, state=state)
-            save_critic(roles, CheckpointManager(spec.critic.save, keep=spec.checkpoint.keep), state)
+    if exports is not None:
+        status.stage(Stage.CHECKPOINT, state=state)
+        export_models(roles, spec, exports, state, status, final=True)
     status.finish()
     return state
 
@@ -175,10 +177,59 @@ def should_checkpoint(spec: PPOJobSpec, steps_done: int) -> bool:
     return interval > 0 and (steps_done % interval == 0 or steps_done == spec.ppo.num_rollouts)
 
 
+def save_what_is_due(spec: PPOJobSpec, roles: Roles, state: TrainerState, sampler: PromptSampler,
+                     status: ProgressTracker, pending: Generation | None, *, checkpoints: CheckpointManager | None,
+                     exports: Path | None) -> bool:
+    """After a step: the export, checkpoint and critic save its count makes due (the export first, so
+    that the checkpoint names it); whether a checkpoint was written."""
+    if exports is not None and should_export(spec, state.step):
+        status.stage(Stage.CHECKPOINT, state=state)
+        export_models(roles, spec, exports, state, status, final=False)
+    checkpointed = checkpoints is not None and should_checkpoint(spec, state.step)
+    if checkpointed:
+        status.stage(Stage.CHECKPOINT, state=state)
+        save_checkpoint(roles, checkpoints, state, sampler, status, pending)
+    if should_save_critic(spec, state.step):
+        status.stage(Stage.CHECKPOINT, state=state)
+        save_critic(roles, CheckpointManager(spec.critic.save, keep=spec.checkpoint.keep), state)
+    return checkpointed
+
+
 def should_save_critic(spec: PPOJobSpec, steps_done: int) -> bool:
     """critic.save: at every checkpoint, and after the last step even when checkpoints are off."""
     return bool(spec.critic.enabled and spec.critic.save) and (
         should_checkpoint(spec, steps_done) or steps_done == spec.ppo.num_rollouts)
+
+
+def should_export(spec: PPOJobSpec, steps_done: int) -> bool:
+    """checkpoint.export.interval: every interval steps, but the last (the end's export is that one)."""
+    interval = spec.checkpoint.export.interval
+    return interval > 0 and steps_done % interval == 0 and steps_done < spec.ppo.num_rollouts
+
+
+def export_root(spec: PPOJobSpec, checkpoint_dir: str | None) -> Path | None:
+    """Where checkpoint.export writes: its path, or <checkpoint directory>/export; None when export is off."""
+    export = spec.checkpoint.export
+    if export is None:
+        return None
+    if export.path is None and checkpoint_dir is None:
+        raise ValueError("checkpoint.export has no folder to write to (this run has no checkpoint directory):"
+                         " set checkpoint.export.path")
+    return Path(export.path) if export.path is not None else Path(checkpoint_dir) / "export"
+
+
+def export_models(roles: Roles, spec: PPOJobSpec, root: Path, state: TrainerState, status: ProgressTracker, *,
+                  final: bool) -> None:
+    """The actor (and with checkpoint.export.critic the critic) as Hugging Face directories under `root`:
+    `final` after the last step, else step-NNNNNNNN; one role after the other, as they share the devices."""
+    export, started = spec.checkpoint.export, time.perf_counter()
+    name, dtype = export_name(None if final else state.step), export.dtype or spec.model.dtype
+    path = roles.actor.call(ActorWorker.export, str(root / name), dtype=dtype)[0]
+    critic_path = (roles.critic.call(CriticWorker.export, str(root / CRITIC_FOLDER / name), dtype=dtype)[0]
+                   if export.critic else None)
+    written = ExportInfo(step=state.step, path=path, time=utc_now(), critic_path=critic_path)
+    state.last_export = written.to_status()
+    status.exported(written, seconds=time.perf_counter() - started)
 
 
 def save_critic(roles: Roles, checkpoints: CheckpointManager, state: TrainerState) -> None:
@@ -249,6 +300,7 @@ def run_on(roles: Roles, spec: PPOJobSpec, *, reporter: Reporter, checkpoint_dir
            resume: bool = False, attempt: int = 0, stop: StopRequest | None = None) -> TrainerState:
     """Run the job on built roles: restore the latest checkpoint when resuming, then train to the end."""
     checkpoints = CheckpointManager(checkpoint_dir, keep=spec.checkpoint.keep) if checkpoint_dir else None
+    exports = export_root(spec, checkpoint_dir)
     sampler = PromptSampler(load_prompts(spec), spec.rollout.batch_size, seed=spec.seed)
     evaluator = Evaluator.from_spec(spec)
     state = TrainerState()
@@ -275,7 +327,7 @@ def run_on(roles: Roles, spec: PPOJobSpec, *, reporter: Reporter, checkpoint_dir
         roles.sync_weights(version=spec.ppo.actor_updates_before(state.step))
     try:
         return train(spec, roles=roles, sampler=sampler, state=state, status=status, checkpoints=checkpoints,
-                     evaluator=evaluator, pending=pending, stop=stop)
+                     evaluator=evaluator, pending=pending, stop=stop, exports=exports)
     except TrainerStopped as stopped:  # not a failure: the job goes on from the checkpoint when it resumes
         reporter.event("note", line=str(stopped))
         raise

@@ -67,8 +67,9 @@ def _weights(worker) -> dict[str, torch.Tensor]:
         return {name: tensor.detach().to("cpu", copy=True) for name, tensor in weights}
 
 
-def actor_weights(group) -> dict[str, torch.Tensor]:
-    """The actor's policy weights as CPU tensors, as rank 0 reads them (every rank takes its turn)."""
+def role_weights(group) -> dict[str, torch.Tensor]:
+    """A role's weights under Hugging Face names (`named_weights`) as CPU tensors, as rank 0 reads them
+    (every rank takes its turn)."""
     return _on_every_rank(group, _weights)[0]
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from role_state import actor_weights
+from role_state import role_weights
 from tests.doubles import sglang_server
 from trainer_specs import tiny_spec
 
@@ -52,7 +52,7 @@ def test_sglang_roles_sync_the_actor_weights_to_the_served_model(ray_session):
         run_on(roles, spec, reporter=recorder, checkpoint_dir=None)
 
         # What the server serves now is exactly the trained actor's policy.
-        weights = actor_weights(roles.actor)
+        weights = role_weights(roles.actor)
         local = TorchRolloutEngine(model_spec=spec.model, device="cpu", seed=spec.seed)
         local.update_weights(weights.items())
         after, expected = served_greedy(url), local.generate(PROMPTS, GREEDY)

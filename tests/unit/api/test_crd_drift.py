@@ -67,7 +67,10 @@ def compare(model: type[BaseModel], schema: dict, path: str, problems: list[str]
             continue
         inner = unwrap_optional(field.annotation)
         if isinstance(inner, type) and issubclass(inner, BaseModel):
-            if prop.get("default") != {}:
+            # An object is on by default (`default: {}`, so its defaults apply) or off until set (None in Python).
+            if field.default is None and "default" in prop:
+                problems.append(f"{where}: None in Python (off until set), but the CRD gives it a default")
+            elif field.default is not None and prop.get("default") != {}:
                 problems.append(f"{where}: nested objects need `default: {{}}` so their defaults apply")
             compare(inner, prop, where, problems)
             continue

@@ -27,6 +27,7 @@ def test_progress_urgency_names_what_the_operator_acts_on():
     assert urgency({**BASE, "error": "boom"}, {**BASE, "error": "boom", "step": 4}) is None  # told once
     assert urgency(BASE, {**BASE, "finished": True}) == "finished"
     assert urgency(BASE, {**BASE, "lastCheckpoint": {"step": 3, "path": "/c"}}) == "checkpoint"
+    assert urgency(BASE, {**BASE, "lastExport": {"step": 3, "path": "/c/export/step-00000003"}}) == "export"
     assert urgency(BASE, {**BASE, "attempt": 2}) == "new attempt"
 
 

@@ -108,9 +108,9 @@ def test_placed_gang_then_cluster_then_trainer_then_warmup_then_training_then_su
     assert status["phase"] == "Training" and cond(status, "CriticWarmup")["reason"] == "CriticWarmupDone"
     body = advance(body, status)
     # Finished.
-    body["status"]["progress"].update(finished=True, steps="5/5")
+    body["status"]["progress"].update(finished=True, steps="5/5", lastExport={"step": 5, "path": "/c/export/final"})
     status = run(body, running, NOW + timedelta(seconds=8))
-    assert (status["phase"], status["message"]) == ("Succeeded", "5/5 steps done")
+    assert (status["phase"], status["message"]) == ("Succeeded", "5/5 steps done; exported to /c/export/final")
     assert cond(status, "Succeeded")["status"] == "True" and cond(status, "TrainerRunning")["status"] == "False"
     assert (cond(status, "GangScheduled")["status"], cond(status, "GangScheduled")["reason"]) == ("False", "ClusterDeleted")
     assert cond(status, "CriticWarmup")["reason"] == "CriticWarmupDone"  # not rewritten at the end

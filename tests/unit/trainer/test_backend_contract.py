@@ -5,7 +5,8 @@ What a role may rely on and nothing else: forward's outputs (float32 on CPU, [B,
 padding), one optimizer step per train (a reference has none), idempotent offload/onload that
 leave the model as it was and change no later step (the optimizer state may also leave alone), a
 state dict that round-trips bit for bit and whose optimizer part brings the moments but not the
-learning rate (the spec's wins), policy weights for the engines (a critic has none), and
+learning rate (the spec's wins), weights under Hugging Face names (a policy's for the engines, a critic's
+those of a token classifier with one label whose logits are its values), and
 process-group attach/release around a rebuilt group.
 """
 
@@ -15,9 +16,11 @@ import socket
 
 import pytest
 import torch
+from transformers import LlamaForTokenClassification
 
 from ppo_trainer.backends.build import build_backend
 from ppo_trainer.batch import RolloutBatch
+from ppo_trainer.models import tiny_config
 from ppojob_api.spec import parse_spec
 
 
@@ -199,11 +202,19 @@ def test_a_loaded_optimizer_steps_at_the_learning_rate_it_was_built_with(make, r
         assert (trained.forward(batch)[key] - value).abs().max() > 1e-3
 
 
-def test_policy_weights_for_the_engines_and_none_from_a_critic(make):
+def test_policy_weights_for_the_engines_and_a_critic_s_as_a_token_classifier_with_its_values(make):
     names = [name for name, _ in make("actor").named_weights()]
     assert "model.embed_tokens.weight" in names and "lm_head.weight" in names
-    with pytest.raises(ValueError, match="no policy weights"):
-        list(make("critic").named_weights())
+    critic, batch = make("critic"), sample_batch()
+    config = tiny_config()
+    config.num_labels = 1
+    classifier = LlamaForTokenClassification(config).eval()
+    classifier.load_state_dict({name: t.cpu().float() for name, t in critic.named_weights()}, strict=True)
+    with torch.no_grad():  # column t: the value of the state before response token t
+        logits = classifier(input_ids=batch.tokens).logits[..., 0]
+    start, width = batch.prompt_length - 1, batch.response_mask.shape[1]
+    expected = logits[:, start:start + width] * batch.response_mask
+    torch.testing.assert_close(critic.forward(batch)["values"], expected, atol=1e-4, rtol=1e-4)
 
 
 def test_process_groups_release_and_attach_around_a_rebuild(make):

@@ -139,6 +139,10 @@ def test_critic_conversion_drops_the_lm_head_and_maps_the_value_head():
     converted = conversion.hf_to_megatron(state, shape)
     assert converted["output_layer.weight"].shape == (1, 32) and "output_layer.bias" in converted
     assert conversion.shard("output_layer.weight", converted["output_layer.weight"], shape, rank=1, size=2).shape == (1, 32)
+    # Back to Hugging Face names: a token classifier with one label, the value head as `score`.
+    back = dict(conversion.megatron_to_hf(converted, shape))
+    assert torch.equal(back["score.weight"], state["value_head.weight"]) and "score.bias" in back
+    assert set(back) == {name for name in state if name.startswith("model.")} | {"score.weight", "score.bias"}
 
 
 def test_unknown_weights_are_rejected_by_name():

@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from ppo_trainer.reporting.kubernetes import KubernetesReporter, Throttle, progress_patch
-from ppo_trainer.reporting.reporters import CheckpointInfo, EvaluationInfo, JsonLinesReporter, Progress
+from ppo_trainer.reporting.reporters import CheckpointInfo, EvaluationInfo, ExportInfo, JsonLinesReporter, Progress
 from ppojob_api.vocabulary import RolloutResidency, Stage, TrainResidency
 
 
@@ -59,9 +59,12 @@ def test_reporting_progress_fields_are_the_crds():
     schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["progress"]
     p = progress(metrics={"rewardMean": 0.5}, last_checkpoint=CheckpointInfo(step=2, path="/c", time="t"),
                  error="boom", estimated_remaining_seconds=200.4,
-                 last_evaluation=EvaluationInfo(step=2, reward_mean=0.5, pass_rate=0.5, samples=4))
+                 last_evaluation=EvaluationInfo(step=2, reward_mean=0.5, pass_rate=0.5, samples=4),
+                 last_export=ExportInfo(step=2, path="/c/export/step-2", time="t", critic_path="/c/export/critic/step-2"))
     status = progress_patch(p, now="2026-01-01T00:00:00Z")
     fields = reported(status)
+    export_schema = schema["properties"]["lastExport"]["properties"]
+    assert set(fields["lastExport"]) == set(export_schema) and fields["lastExport"]["criticPath"].endswith("step-2")
     assert (fields["estimatedRemainingSeconds"], fields["eta"], fields["percent"]) == (200, "3m20s", 30)
     assert set(fields) <= set(schema["properties"]), set(fields) - set(schema["properties"])
     # the API server prunes what the schema does not name: the evaluation's keys are all there

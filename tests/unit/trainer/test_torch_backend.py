@@ -195,11 +195,6 @@ def test_constructor_rejects_bad_arguments_naming_the_field(overrides, field):
         make_backend(**overrides)
 
 
-def test_critic_has_no_policy_weights_to_sync():
-    with pytest.raises(ValueError, match="actor"):
-        next(make_backend("critic").named_weights())
-
-
 def test_named_weights_are_hugging_face_names():
     names = [name for name, _ in make_backend().named_weights()]
     assert "model.embed_tokens.weight" in names and "lm_head.weight" in names

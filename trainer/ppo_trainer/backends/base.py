@@ -31,6 +31,10 @@ LossFn = Callable[[dict[str, torch.Tensor], torch.Tensor], tuple[torch.Tensor, d
 
 ROLES = ("actor", "critic", "ref")
 
+VALUE_MODEL_NAMES = {"trunk": "model", "value_head": "score"}
+"""A value model's parts -> their names in transformers' <Arch>ForTokenClassification (num_labels=1),
+the class its Hugging Face weights load into: the trunk is the causal LM's `model`, the head `score`."""
+
 COMPILED_WIDTH_MULTIPLE = 64
 """Compiled backends pad rows to widths of a multiple of this: few distinct shapes compile."""
 
@@ -133,7 +137,9 @@ class TrainBackend(Protocol):
         ...
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The policy's weights under the names a rollout engine expects (Hugging Face names)."""
+        """The weights under Hugging Face names (collective: every rank of the role calls it): a
+        policy's as its causal LM's, the names a rollout engine expects; a value model's as a token
+        classifier's with one label (`VALUE_MODEL_NAMES`), as `export.py` writes it."""
         ...
 
     def state_dict(self) -> dict:

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from ppo_trainer.algorithms.ppo import chunked_log_probs_and_entropy
 from ppo_trainer.backends.base import (
     COMPILED_WIDTH_MULTIPLE,
+    VALUE_MODEL_NAMES,
     LossFn,
     check_backend_arguments,
     cpu_copy,
@@ -268,10 +269,12 @@ class TorchBackend:
     # ----- weights and checkpoints --------------------------------------------------------------
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The policy's parameters under their Hugging Face names (live tensors, not copies)."""
-        if self.is_value_model:
-            raise ValueError("the critic has no policy weights to sync; call named_weights() on the actor")
+        """The parameters under their Hugging Face names (live tensors, not copies); a value model's
+        trunk under `model.` and its head as `score` (`VALUE_MODEL_NAMES`)."""
         for name, param in self.model.named_parameters():
+            if self.is_value_model:
+                prefix, rest = name.split(".", 1)
+                name = f"{VALUE_MODEL_NAMES[prefix]}.{rest}"
             yield name, param.detach()
 
     def state_dict(self) -> dict:

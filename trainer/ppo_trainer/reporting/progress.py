@@ -17,7 +17,7 @@ from dataclasses import replace
 from ppo_trainer.checkpoint import TrainerState
 from ppo_trainer.offload import Transition
 from ppo_trainer.reporting.metrics import StepMetrics
-from ppo_trainer.reporting.reporters import CheckpointInfo, EvaluationInfo, Progress, Reporter, utc_now
+from ppo_trainer.reporting.reporters import CheckpointInfo, EvaluationInfo, ExportInfo, Progress, Reporter, utc_now
 from ppojob_api.progress import estimate_remaining_seconds
 from ppojob_api.vocabulary import RolloutResidency, Stage, TrainResidency
 
@@ -45,6 +45,7 @@ class ProgressTracker:
             critic=TrainResidency.ON_DEVICE if with_critic else None,
             last_checkpoint=last_checkpoint,
             last_evaluation=last_evaluation(state.history),
+            last_export=ExportInfo.from_status(state.last_export) if state.last_export else None,
         )
 
     def _update(self, **changes) -> None:
@@ -83,6 +84,13 @@ class ProgressTracker:
         self.reporter.event("checkpoint", step=step, path=path, seconds=round(seconds, 3),
                             line=f"checkpoint after step {step}: {path} ({seconds:.2f}s)")
         self._update(last_checkpoint=CheckpointInfo(step=step, path=path, time=utc_now()))
+
+    def exported(self, export: ExportInfo, *, seconds: float) -> None:
+        critic = f", critic {export.critic_path}" if export.critic_path else ""
+        self.reporter.event("export", step=export.step, path=export.path, critic_path=export.critic_path,
+                            seconds=round(seconds, 3),
+                            line=f"export after step {export.step}: {export.path}{critic} ({seconds:.2f}s)")
+        self._update(last_export=export)
 
     def finish(self, *, error: str | None = None) -> None:
         if error is not None:

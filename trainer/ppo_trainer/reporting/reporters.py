@@ -51,6 +51,26 @@ class EvaluationInfo:
 
 
 @dataclass(frozen=True)
+class ExportInfo:
+    """A Hugging Face export (`status.progress.lastExport`): the actor's directory, and the critic's when exported."""
+
+    step: int
+    path: str
+    time: str
+    critic_path: str | None = None
+
+    @classmethod
+    def from_status(cls, status: dict[str, Any]) -> ExportInfo:
+        return cls(step=status["step"], path=status["path"], time=status["time"], critic_path=status.get("criticPath"))
+
+    def to_status(self) -> dict[str, Any]:
+        status = {"step": self.step, "path": self.path, "time": self.time}
+        if self.critic_path is not None:
+            status["criticPath"] = self.critic_path
+        return status
+
+
+@dataclass(frozen=True)
 class Progress:
     """What the trainer reports: `status.progress` of the PPOJob (see `to_status`)."""
 
@@ -67,6 +87,7 @@ class Progress:
     weight_syncs_skipped: int = 0
     last_checkpoint: CheckpointInfo | None = None
     last_evaluation: EvaluationInfo | None = None
+    last_export: ExportInfo | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     finished: bool = False
     error: str | None = None
@@ -122,6 +143,8 @@ class Progress:
             status["lastCheckpoint"] = asdict(self.last_checkpoint)
         if self.last_evaluation is not None:
             status["evaluation"] = self.last_evaluation.to_status()
+        if self.last_export is not None:
+            status["lastExport"] = self.last_export.to_status()
         if self.metrics:
             status["metrics"] = dict(self.metrics)
         if self.error is not None:
@@ -135,7 +158,7 @@ class Reporter(Protocol):
         ...
 
     def event(self, kind: str, **fields: Any) -> None:
-        """Something that happened: 'transition', 'step' (with its metrics), 'checkpoint', 'error'."""
+        """Something that happened: 'transition', 'step' (with its metrics), 'checkpoint', 'export', 'error'."""
         ...
 
     def close(self) -> None: ...
@@ -188,7 +211,7 @@ class TerminalReporter:
         self.bar.set_postfix_str(f"{progress.stage.value}{warmup} | {progress.offload}", refresh=True)
 
     def event(self, kind: str, **fields: Any) -> None:
-        if kind in ("step", "checkpoint", "error", "note"):
+        if kind in ("step", "checkpoint", "export", "error", "note"):
             self.bar.write(fields.get("line") or f"{kind}: {json.dumps(_jsonable(fields))}")
 
     def close(self) -> None:

@@ -204,6 +204,23 @@ class RoleWorker:
             state = {"backend": self.backend.state_dict(), "rng": torch.get_rng_state()}
         return write_role_state(directory, role=self.role, rank=self.rank, state=state)
 
+    def export(self, directory: str, *, dtype: str) -> str | None:
+        """This role's model as a Hugging Face directory (`export.py`), written by rank 0 in `dtype`;
+        every rank takes part, since gathering the weights is collective. Returns the path on rank 0."""
+        from ppo_trainer.export import export_source, write_export
+        from ppo_trainer.models import resolve_dtype
+        from ppo_trainer.weight_sync.base import drain
+
+        with self.turn("export"):
+            weights = self.backend.named_weights()
+            if self.rank != 0:
+                drain(weights)  # this rank's part of each gather
+                return None
+            model = self.spec.model
+            source = export_source(self.training.model, tokenizer=model.tokenizer or model.path,
+                                   value_model=self.backend.is_value_model)
+            return str(write_export(directory, weights, source=source, dtype=resolve_dtype(dtype)))
+
     def load(self, directory: str) -> None:
         from ppo_trainer.checkpoint import read_role_state
 

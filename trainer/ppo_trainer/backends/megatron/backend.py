@@ -514,9 +514,7 @@ class MegatronBackend:
         return {n: t for n, t in self.gpt.state_dict(keep_vars=True).items() if not n.endswith("_extra_state")}
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The policy's weights under Hugging Face names (gathered over tensor parallelism)."""
-        if self.is_value_model:
-            raise ValueError("the critic has no policy weights to sync; call named_weights() on the actor")
+        """The weights under Hugging Face names (gathered over tensor and pipeline parallelism; see the protocol)."""
         state = {name: tensor.detach() for name, tensor in self._local_state().items()}
         if self.tp_size > 1:
             group = parallel_state.get_tensor_model_parallel_group()

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ppo_trainer.backends.base import VALUE_MODEL_NAMES
+
 LAYER = re.compile(r"^(?:model|trunk)\.layers\.(\d+)\.(.+)$")
 MEGATRON_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 
@@ -128,11 +130,14 @@ def hf_to_megatron(state: Mapping[str, torch.Tensor], shape: Shape) -> dict[str,
 
 
 def megatron_to_hf(state: Mapping[str, torch.Tensor], shape: Shape) -> Iterator[tuple[str, torch.Tensor]]:
-    """Full megatron weights -> (Hugging Face name, tensor) of the causal LM (tied weights once)."""
+    """Full megatron weights -> (Hugging Face name, tensor) of the causal LM (tied weights once), or
+    for the critic (`shape.value_head`) of the token classifier with one label: the value head as `score`."""
     inverse = {mg: hf for hf, mg in LAYER_RENAMES.items()}
     for name, tensor in state.items():
         match = MEGATRON_LAYER.match(name)
-        if name == "embedding.word_embeddings.weight":
+        if shape.value_head and name.startswith("output_layer."):
+            yield f"{VALUE_MODEL_NAMES['value_head']}.{name.split('.', 1)[1]}", tensor
+        elif name == "embedding.word_embeddings.weight":
             yield "model.embed_tokens.weight", tensor
         elif name == "decoder.final_layernorm.weight":
             yield "model.norm.weight", tensor
