@@ -87,7 +87,7 @@ docs-reference: venv
 	$(PY) -m ppojob_api.reference
 
 lint: venv
-	$(VENV)/bin/ruff check api operator trainer tests bench
+	$(VENV)/bin/ruff check api operator trainer tests tools bench
 
 clean:
 	rm -rf $(VENV) runs

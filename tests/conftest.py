@@ -1,4 +1,4 @@
-"""Shared pytest fixtures: the local Kubernetes cluster (tests/cluster/local_cluster).
+"""Shared pytest fixtures: the local Kubernetes cluster (tools/cluster/local_cluster).
 
 `local_cluster` (session): attaches to a cluster already running from the default state dir
 (`make cluster-up`) and leaves it running; otherwise starts one and stops exactly the processes it

@@ -1,4 +1,4 @@
-"""The real node's NetworkPolicy enforcer (tests/cluster/local_cluster/network_policies.py): how it is
+"""The real node's NetworkPolicy enforcer (tools/cluster/local_cluster/network_policies.py): how it is
 started, where it is built, and what its clean-up takes off the host's iptables and leaves there."""
 
 from __future__ import annotations

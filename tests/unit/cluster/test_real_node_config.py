@@ -1,4 +1,4 @@
-"""The real node's configuration files (tests/cluster/local_cluster/node.py): what each must hold for
+"""The real node's configuration files (tools/cluster/local_cluster/node.py): what each must hold for
 pods to run on these machines and for nothing they send to leave it."""
 
 from __future__ import annotations

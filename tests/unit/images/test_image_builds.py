@@ -1,4 +1,4 @@
-"""How the local images are built (tests/cluster/local_cluster/images.py, images/project_requirements.py):
+"""How the local images are built (tools/cluster/local_cluster/images.py, images/project_requirements.py):
 the commands, the cache keys, the archive names and the errors, without building anything."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The pinned versions (tests/cluster/versions.env) and the cache paths keyed by them."""
+"""The pinned versions (tools/cluster/versions.env) and the cache paths keyed by them."""
 
 from __future__ import annotations
 
