@@ -74,9 +74,13 @@ def test_build_policy_is_deterministic_per_seed_and_leaves_global_rng_alone():
     assert a.lm_head.weight.dtype == torch.float32 and a.training
 
 
-def test_build_policy_bfloat16():
+def test_build_policy_bfloat16_keeps_the_rotary_frequencies_in_float32():
     model = build_policy(TINY, seed=0, device="cpu", dtype="bfloat16")
+    full = build_policy(TINY, seed=0, device="cpu", dtype="float32")
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    # As transformers keeps them: bfloat16 frequencies would turn far positions' angles by radians.
+    rotary = model.model.rotary_emb
+    assert rotary.inv_freq.dtype == torch.float32 and torch.equal(rotary.inv_freq, full.model.rotary_emb.inv_freq)
 
 
 # --- value model -------------------------------------------------------------------------------

@@ -79,7 +79,14 @@ def build_policy(
         else:
             model = AutoModelForCausalLM.from_pretrained(str(directory), local_files_only=True)
     model.config.use_cache = False
-    return model.to(device=device, dtype=torch_dtype).train()
+    model.to(device=device)
+    # The parameters only: the rotary embedding's inverse frequencies stay float32, as Hugging Face
+    # and SGLang keep them; rounded to bfloat16 they turn every position's angle (a logit of
+    # SmolLM2-135M moved by up to 0.5 against the same weights loaded by transformers).
+    with torch.no_grad():
+        for param in model.parameters():
+            param.data = param.data.to(torch_dtype)
+    return model.train()
 
 
 class ValueModel(nn.Module):
