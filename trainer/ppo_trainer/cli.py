@@ -4,7 +4,9 @@ CONFIG is a PPOJob manifest or its bare spec (YAML); `image` defaults to "local"
 merges a per-role YAML of critic overrides into `spec.critic`, checked by the same parser (unknown
 or removed keys named with their replacement, "1e-5" read as a number). A bad config, custom
 advantage or reward function, remote reward URL or header, or a prompt file (data.prompts,
-data.validation.prompts) that is missing or does not parse (all checked before Ray starts) exits
+data.validation.prompts) that is missing, does not parse, lacks a label that reward.type
+ExactAnswer needs, or holds chat prompts the policy's tokenizer cannot render (all checked before
+Ray starts) exits
 with code 2 and its message, never a traceback; an error raised inside Ray is shown as its cause,
 in one line. Ray's token authentication is set explicitly: a private token and temp dir per local
 run; on a cluster, token mode with the token the operator provides (RAY_AUTH_TOKEN or
@@ -26,7 +28,9 @@ from typing import Any
 
 import yaml
 
+from ppo_trainer.data import Prompt
 from ppojob_api.spec import PPOJobSpec, SpecError, spec_from_manifest
+from ppojob_api.vocabulary import RewardType
 
 EXIT_CONFIG = 2
 
@@ -97,18 +101,41 @@ def check_reward(spec: PPOJobSpec) -> None:
 
 
 def check_prompt_files(spec: PPOJobSpec) -> None:
-    """Read the training and held-out prompt files, before any Ray work: a missing or malformed one is a
-    ConfigError naming its field."""
-    from ppo_trainer.data import load_jsonl_prompts
+    """Read the training and held-out prompt files, before any Ray work: a missing or malformed one, a
+    record without a label for reward.type ExactAnswer, or chat prompts the policy's tokenizer cannot
+    render, is a ConfigError naming its field."""
+    from ppo_trainer.prompt_files import load_prompt_file
 
     data = spec.data
     for field, path in (("data.prompts", data.prompts), ("data.validation.prompts", data.validation.prompts)):
         if path in (None, "synthetic"):
             continue
         try:
-            load_jsonl_prompts(path, prompt_key=data.prompt_key, label_key=data.label_key)
+            prompts = load_prompt_file(path, prompt_key=data.prompt_key, label_key=data.label_key,
+                                       require_labels=spec.reward.type == RewardType.EXACT_ANSWER)
         except (OSError, ValueError) as exc:
             raise ConfigError(f"{field}: {exc}; fix the file or point {field} at another") from None
+        check_chat_prompts(spec, f"{field} ({path})", prompts)
+
+
+def check_chat_prompts(spec: PPOJobSpec, where: str, prompts: list[Prompt]) -> None:
+    """Render one chat prompt of each sequence of roles with the policy's tokenizer, as the rollout
+    engines will: a tokenizer without a chat template, or a template that refuses those roles, is a
+    ConfigError. (Templates decide on the roles, not on the words, so one of each is enough.)"""
+    by_roles = {tuple(m.role for m in p.messages): p for p in prompts if p.messages is not None}
+    if not by_roles:
+        return
+    from ppo_trainer.models.tokenizer import load_tokenizer
+
+    try:
+        tokenizer = load_tokenizer(spec.model)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{where} holds chat prompts, rendered with the policy's tokenizer, which fails to load: {exc}") from None
+    for prompt in by_roles.values():
+        try:
+            tokenizer.encode_prompt(prompt)
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
 
 
 def configure_ray_auth(*, joining: bool) -> None:

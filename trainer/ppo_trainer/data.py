@@ -1,23 +1,35 @@
-"""Prompt datasets: prompts from JSONL or a synthetic task, and a resumable, seeded batch sampler.
+"""Prompts: the `Prompt` record (a text or a chat conversation), a synthetic task, and a resumable,
+seeded batch sampler.
 
 A ``PromptSampler`` is a pure function of (prompts, seed, state): its ``state_dict()`` saved in a
 checkpoint and restored with ``load_state_dict()`` continues with exactly the batches that would
-have come next. Nothing here may depend on torch, Ray, tokenizers or configuration objects.
+have come next. Prompt files are read in ``prompt_files.py``. Nothing here may depend on torch,
+Ray, tokenizers or configuration objects.
 """
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-__all__ = ["SYNTHETIC_SET_SIZE", "Prompt", "PromptSampler", "load_jsonl_prompts", "synthetic_prompts"]
+__all__ = ["CHAT_ROLES", "SYNTHETIC_SET_SIZE", "ChatMessage", "Prompt", "PromptSampler", "synthetic_prompts"]
 
 SYNTHETIC_SET_SIZE = 1024
 """How many prompts `synthetic` stands for (data.prompts, data.validation.prompts)."""
+
+CHAT_ROLES = ("system", "user", "assistant")
+"""The roles a chat prompt's messages may have."""
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    """One turn of a chat prompt."""
+
+    role: str
+    """system, user or assistant."""
+    content: str
 
 
 @dataclass(frozen=True)
@@ -25,57 +37,19 @@ class Prompt:
     """One prompt and, for rule-based rewards, its reference answer."""
 
     text: str
-    """The prompt given to the policy."""
+    """The prompt as rewards and logs see it: the text itself, or a chat prompt's messages as
+    ``role: content`` lines."""
     label: str | None = None
     """The reference answer (e.g. the final number), or None when the reward needs none."""
+    messages: tuple[ChatMessage, ...] | None = None
+    """A chat prompt's conversation, which the policy sees through its tokenizer's chat template;
+    None for a text prompt."""
 
-
-def load_jsonl_prompts(
-    path: str | Path, *, prompt_key: str = "prompt", label_key: str = "label"
-) -> list[Prompt]:
-    """Read one JSON object per line: ``prompt_key`` (a string) and optionally ``label_key``.
-
-    Blank lines are skipped; a numeric label is read as its text (``72`` -> ``"72"``); a missing
-    or null label gives ``None``. Raises FileNotFoundError for a missing file and ValueError
-    naming the file and line for bad JSON, a non-object line, a missing or non-string prompt, a
-    label of another type, or a file with no prompts.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"prompt file {str(path)!r} does not exist")
-    prompts = []
-    # Every problem with the file's content is a ValueError (even a wrong type), so callers
-    # catch one exception type for "bad data file".
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from exc
-            if not isinstance(record, dict):
-                raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")  # noqa: TRY004
-            if prompt_key not in record:
-                raise ValueError(
-                    f"{where}: missing key {prompt_key!r} (keys: {sorted(record)}); set prompt_key to the "
-                    f"field that holds the prompt"
-                )
-            text = record[prompt_key]
-            if not isinstance(text, str):
-                raise ValueError(f"{where}: {prompt_key!r} must be a string, got {type(text).__name__}")  # noqa: TRY004
-            label = record.get(label_key)
-            if isinstance(label, (int, float)) and not isinstance(label, bool):
-                label = str(label)
-            if label is not None and not isinstance(label, str):
-                raise ValueError(
-                    f"{where}: {label_key!r} must be a string or a number, got {type(label).__name__}"
-                )
-            prompts.append(Prompt(text=text, label=label))
-    if not prompts:
-        raise ValueError(f"{path}: no prompts (the file is empty or has only blank lines)")
-    return prompts
+    @classmethod
+    def chat(cls, messages: Sequence[ChatMessage], label: str | None = None) -> Prompt:
+        """A chat prompt, its ``text`` the messages as ``role: content`` lines."""
+        messages = tuple(messages)
+        return cls(text="\n".join(f"{m.role}: {m.content}" for m in messages), label=label, messages=messages)
 
 
 _SYNTHETIC_TEMPLATES = (

@@ -18,7 +18,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ppo_trainer.data import SYNTHETIC_SET_SIZE, Prompt, load_jsonl_prompts, synthetic_prompts
+from ppo_trainer.data import SYNTHETIC_SET_SIZE, Prompt, synthetic_prompts
+from ppo_trainer.prompt_files import load_prompt_file
 from ppo_trainer.roles.group import RoleGroup
 from ppo_trainer.roles.rollout import RolloutWorker
 from ppojob_api.spec import PPOJobSpec
@@ -65,7 +66,7 @@ def load_validation_prompts(spec: PPOJobSpec) -> list[Prompt]:
         training = {p.text for p in synthetic_prompts(SYNTHETIC_SET_SIZE, seed=spec.seed)}
         prompts = [p for p in synthetic_prompts(SYNTHETIC_SET_SIZE, seed=spec.seed + 1) if p.text not in training]
     else:
-        prompts = load_jsonl_prompts(validation.prompts, prompt_key=data.prompt_key, label_key=data.label_key)
+        prompts = load_prompt_file(validation.prompts, prompt_key=data.prompt_key, label_key=data.label_key)
     return prompts[: validation.count] if validation.count else prompts
 
 

@@ -36,11 +36,12 @@ from ppo_trainer.checkpoint import (
     restore_rng,
     write_pending_batch,
 )
-from ppo_trainer.data import SYNTHETIC_SET_SIZE, PromptSampler, load_jsonl_prompts, synthetic_prompts
+from ppo_trainer.data import SYNTHETIC_SET_SIZE, PromptSampler, synthetic_prompts
 from ppo_trainer.evaluation import Evaluation, Evaluator
 from ppo_trainer.export import CRITIC_FOLDER, export_name
 from ppo_trainer.failures import describe_failure
 from ppo_trainer.graceful_stop import StopRequest, TrainerStopped
+from ppo_trainer.prompt_files import load_prompt_file
 from ppo_trainer.reporting.metrics import StageTimer, StepMetrics
 from ppo_trainer.reporting.progress import ProgressTracker
 from ppo_trainer.reporting.reporters import CheckpointInfo, ExportInfo, Reporter, utc_now, utc_time
@@ -281,7 +282,7 @@ def save_roles(roles: Roles, directory) -> None:
 def load_prompts(spec: PPOJobSpec):
     if spec.data.prompts == "synthetic":
         return synthetic_prompts(SYNTHETIC_SET_SIZE, seed=spec.seed)
-    return load_jsonl_prompts(spec.data.prompts, prompt_key=spec.data.prompt_key, label_key=spec.data.label_key)
+    return load_prompt_file(spec.data.prompts, prompt_key=spec.data.prompt_key, label_key=spec.data.label_key)
 
 
 def run(spec: PPOJobSpec, *, reporter: Reporter, checkpoint_dir: str | None, resume: bool,

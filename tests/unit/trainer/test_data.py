@@ -1,4 +1,4 @@
-"""Prompt datasets: JSONL loading with located errors, synthetic prompts, resumable sampling."""
+"""Prompts: chat prompts' readable text, synthetic prompts, resumable sampling (files: test_prompt_files.py)."""
 
 from __future__ import annotations
 
@@ -7,74 +7,13 @@ from collections import Counter
 
 import pytest
 
-from ppo_trainer.data import Prompt, PromptSampler, load_jsonl_prompts, synthetic_prompts
+from ppo_trainer.data import ChatMessage, Prompt, PromptSampler, synthetic_prompts
 
 
-def write_lines(tmp_path, lines: list[str], name: str = "prompts.jsonl"):
-    path = tmp_path / name
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-# --- JSONL -------------------------------------------------------------------------------------
-
-
-def test_load_jsonl_prompts(tmp_path):
-    path = write_lines(
-        tmp_path,
-        [
-            json.dumps({"prompt": "2+2?", "label": "4"}),
-            "",
-            json.dumps({"prompt": "3*3?", "label": 9}),
-            json.dumps({"prompt": "free text", "label": None}),
-            json.dumps({"prompt": "no label"}),
-        ],
-    )
-    assert load_jsonl_prompts(path) == [
-        Prompt("2+2?", "4"),
-        Prompt("3*3?", "9"),
-        Prompt("free text", None),
-        Prompt("no label", None),
-    ]
-
-
-def test_load_jsonl_prompts_custom_keys(tmp_path):
-    path = write_lines(tmp_path, [json.dumps({"question": "q", "answer": "#### 1"})])
-    assert load_jsonl_prompts(path, prompt_key="question", label_key="answer") == [Prompt("q", "#### 1")]
-
-
-def test_load_jsonl_bad_json_names_file_and_line(tmp_path):
-    path = write_lines(tmp_path, [json.dumps({"prompt": "ok"}), "{not json"])
-    with pytest.raises(ValueError, match=rf"{path}:2: invalid JSON"):
-        load_jsonl_prompts(path)
-
-
-def test_load_jsonl_missing_key_names_file_line_and_keys(tmp_path):
-    path = write_lines(tmp_path, [json.dumps({"prompt": "ok"}), json.dumps({"question": "q"})])
-    with pytest.raises(
-        ValueError, match=rf"{path}:2: missing key 'prompt' \(keys: \['question'\]\); set prompt_key"
-    ):
-        load_jsonl_prompts(path)
-
-
-@pytest.mark.parametrize(
-    "line,message",
-    [
-        ("[1, 2]", r":1: expected a JSON object, got list"),
-        (json.dumps({"prompt": 3}), r":1: 'prompt' must be a string, got int"),
-        (json.dumps({"prompt": "p", "label": ["a"]}), r":1: 'label' must be a string or a number, got list"),
-    ],
-)
-def test_load_jsonl_bad_records(tmp_path, line, message):
-    with pytest.raises(ValueError, match=message):
-        load_jsonl_prompts(write_lines(tmp_path, [line]))
-
-
-def test_load_jsonl_empty_and_missing_files(tmp_path):
-    with pytest.raises(ValueError, match="no prompts"):
-        load_jsonl_prompts(write_lines(tmp_path, [""]))
-    with pytest.raises(FileNotFoundError, match="absent.jsonl"):
-        load_jsonl_prompts(tmp_path / "absent.jsonl")
+def test_a_chat_prompt_reads_as_its_messages_role_by_role():
+    messages = [ChatMessage("system", "Answer with a number."), ChatMessage("user", "2+2?")]
+    prompt = Prompt.chat(messages, label="4")
+    assert prompt == Prompt(text="system: Answer with a number.\nuser: 2+2?", label="4", messages=tuple(messages))
 
 
 # --- synthetic prompts -------------------------------------------------------------------------

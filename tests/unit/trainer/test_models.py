@@ -7,6 +7,7 @@ import importlib.util
 import pytest
 import torch
 
+from ppo_trainer.data import Prompt
 from ppo_trainer.models import (
     ByteTokenizer,
     HFTokenizer,
@@ -31,7 +32,7 @@ def test_byte_tokenizer_round_trips_utf8_and_drops_specials():
     ids = tok.encode("héllo 7+5=12")
     assert all(0 <= i < 256 for i in ids)
     assert tok.decode([tok.bos_token_id, *ids, tok.eos_token_id, tok.pad_token_id]) == "héllo 7+5=12"
-    assert tok.encode_prompt("ab") == [tok.bos_token_id, 97, 98]
+    assert tok.encode_prompt(Prompt("ab")) == [tok.bos_token_id, 97, 98]
     assert len({tok.bos_token_id, tok.eos_token_id, tok.pad_token_id}) == 3
 
 
@@ -190,7 +191,7 @@ def test_smollm2_converts_and_answers_a_chat_prompt():
     assert isinstance(tok, HFTokenizer) and tok.use_chat_template
     engine = TorchRolloutEngine(model_spec=spec, device="cpu", seed=0)
     assert sum(p.numel() for p in engine.model.parameters()) == pytest.approx(134.5e6, rel=0.01)
-    prompt = tok.encode_prompt("What is the capital of France?")
+    prompt = tok.encode_prompt(Prompt("What is the capital of France?"))
     out = engine.generate([prompt], SamplingParams(max_new_tokens=10, temperature=0.0))
     reply = tok.decode(out.response_tokens[0][out.response_mask[0].bool()].tolist())
     assert "Paris" in reply, reply

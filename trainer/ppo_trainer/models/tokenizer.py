@@ -1,8 +1,11 @@
 """Tokenizers behind one small protocol: a built-in byte-level one and a Hugging Face adapter.
 
-The trainer only needs text <-> token ids, the EOS and PAD ids, and the vocabulary size; this
-module keeps every other tokenizer detail behind `Tokenizer`. It must not depend on models,
-Ray or the PPO loop; transformers is imported only when a Hugging Face tokenizer is loaded.
+The trainer only needs text <-> token ids, a prompt's ids as the policy sees it, the EOS and PAD
+ids, and the vocabulary size; this module keeps every other tokenizer detail behind `Tokenizer`.
+A text prompt goes through the chat template as one user message when the tokenizer has one; a
+chat prompt's messages always do, and a tokenizer without a chat template refuses them. It must
+not depend on models, Ray or the PPO loop; transformers is imported only when a Hugging Face
+tokenizer is loaded.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import hashlib
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from ppo_trainer.data import Prompt
 from ppojob_api.spec import ModelSpec
 
 
@@ -20,13 +24,16 @@ class Tokenizer(Protocol):
     pad_token_id: int
     vocab_size: int
     """Number of token ids the model's embedding must cover."""
+    use_chat_template: bool
+    """Whether prompts go through a chat template (and chat prompts can be encoded at all)."""
 
     def encode(self, text: str) -> list[int]:
         """Plain text to ids, without special tokens."""
         ...
 
-    def encode_prompt(self, text: str) -> list[int]:
-        """A prompt as the policy should see it (BOS, or the chat template when there is one)."""
+    def encode_prompt(self, prompt: Prompt) -> list[int]:
+        """A prompt as the policy should see it (BOS, or the chat template when there is one);
+        ValueError for a chat prompt without a chat template."""
         ...
 
     def decode(self, ids: list[int]) -> str:
@@ -41,12 +48,15 @@ class ByteTokenizer:
     eos_token_id = 257
     pad_token_id = 258
     vocab_size = 259
+    use_chat_template = False
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
 
-    def encode_prompt(self, text: str) -> list[int]:
-        return [self.bos_token_id, *self.encode(text)]
+    def encode_prompt(self, prompt: Prompt) -> list[int]:
+        if prompt.messages is not None:
+            raise ValueError(NO_CHAT_TEMPLATE.format(tokenizer="the built-in byte tokenizer"))
+        return [self.bos_token_id, *self.encode(prompt.text)]
 
     def decode(self, ids: list[int]) -> str:
         return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
@@ -55,8 +65,9 @@ class ByteTokenizer:
 class HFTokenizer:
     """A Hugging Face tokenizer loaded from a local directory, seen through `Tokenizer`.
 
-    With `chat_template=True` and a tokenizer that has a chat template, `encode_prompt` wraps the
-    text as one user turn and appends the assistant header, as an instruct model expects.
+    With `chat_template=True` and a tokenizer that has a chat template, `encode_prompt` renders a
+    chat prompt's messages, or a text prompt as one user message, and appends the assistant's
+    header (`add_generation_prompt`), as an instruct model expects.
     """
 
     def __init__(self, *, hf_tokenizer: Any, chat_template: bool = True):
@@ -72,16 +83,37 @@ class HFTokenizer:
     def encode(self, text: str) -> list[int]:
         return list(self.hf_tokenizer.encode(text, add_special_tokens=False))
 
-    def encode_prompt(self, text: str) -> list[int]:
+    def encode_prompt(self, prompt: Prompt) -> list[int]:
         if not self.use_chat_template:
-            return list(self.hf_tokenizer.encode(text, add_special_tokens=True))
-        rendered = self.hf_tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+            if prompt.messages is not None:
+                raise ValueError(NO_CHAT_TEMPLATE.format(tokenizer=f"tokenizer {self.hf_tokenizer.name_or_path!r}"))
+            return list(self.hf_tokenizer.encode(prompt.text, add_special_tokens=True))
+        messages = (
+            [{"role": m.role, "content": m.content} for m in prompt.messages]
+            if prompt.messages is not None
+            else [{"role": "user", "content": prompt.text}]
         )
+        from jinja2 import TemplateError
+
+        try:
+            rendered = self.hf_tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except TemplateError as exc:  # e.g. a template that wants user and assistant to alternate
+            raise ValueError(
+                f"the chat template of tokenizer {self.hf_tokenizer.name_or_path!r} refuses the messages"
+                f" {[m['role'] for m in messages]}: {exc}"
+            ) from None
+        # The template writes the special tokens (BOS and the like) itself.
         return self.encode(rendered)
 
     def decode(self, ids: list[int]) -> str:
         return self.hf_tokenizer.decode(list(ids), skip_special_tokens=True)
+
+
+NO_CHAT_TEMPLATE = (
+    "chat prompts (lists of {{role, content}} messages) need a tokenizer with a chat template, and {tokenizer}"
+    " has none: use an instruct model (or set model.tokenizer to a tokenizer directory whose"
+    " tokenizer_config.json or chat_template.jinja holds one), or give the prompts as plain strings"
+)
 
 
 def load_tokenizer(model_spec: ModelSpec, *, chat_template: bool = True) -> Tokenizer:

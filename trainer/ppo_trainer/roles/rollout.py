@@ -159,7 +159,7 @@ class RolloutWorker:
 
     def _answer(self, prompts: list[Prompt], params: SamplingParams):
         """Each prompt's tokens, the engine's generation, the decoded responses and the reward's scores."""
-        token_ids = [self.tokenizer.encode_prompt(p.text) for p in prompts]
+        token_ids = [self.tokenizer.encode_prompt(p) for p in prompts]
         generation = self.engine.generate(token_ids, params)
         responses = [
             self.tokenizer.decode(row[mask.bool()].tolist())
