@@ -179,8 +179,8 @@ class OffloadSpec(_Model):
 
 class ValidationSpec(_Model):
     prompts: str | None = Field(None, min_length=1)
-    """Held-out prompts (a JSONL file read with data.promptKey and data.labelKey, or 'synthetic');
-    unset: no evaluation."""
+    """Held-out prompts (a JSONL or Parquet file read with data.promptKey and data.labelKey, or
+    'synthetic'); unset: no evaluation."""
     count: int | None = Field(None, ge=0)
     """Evaluate on the file's first `count` prompts; unset or 0: all of them."""
     interval: int | None = Field(None, ge=0)
@@ -197,8 +197,11 @@ class ValidationSpec(_Model):
 
 class DataSpec(_Model):
     prompts: str = "synthetic"
+    """A JSONL file of prompts, a Parquet file (a name ending in .parquet), or 'synthetic'."""
     prompt_key: str = "prompt"
+    """The field holding each record's prompt: a string, or a list of {role, content} chat messages."""
     label_key: str = "label"
+    """The field holding each record's optional label: a string, a number (read as its text) or null."""
     validation: ValidationSpec = ValidationSpec()
     """Held-out prompts the policy is evaluated on during training (off while prompts is unset)."""
 
@@ -482,7 +485,7 @@ EXPORT_CRITIC_NEEDS_A_CRITIC = (
 
 VALIDATION_NEEDS_PROMPTS = (
     "data.validation.count, interval, temperature and maxNewTokens set how held-out prompts are evaluated, but"
-    " data.validation.prompts is unset: set it to a JSONL file of prompts (or synthetic), or remove data.validation"
+    " data.validation.prompts is unset: set it to a JSONL or Parquet file of prompts (or synthetic), or remove data.validation"
 )
 
 REWARD_FUNCTION_NOT_CUSTOM = (
