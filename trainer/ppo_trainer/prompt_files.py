@@ -55,11 +55,15 @@ def load_prompt_file(
 
 
 def _jsonl_records(path: Path, *, prompt_key: str, label_key: str) -> Iterator[tuple[Located, Any, Any]]:
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    with path.open("rb") as f:  # bytes, so that text that is not UTF-8 is named by its line
+        for lineno, raw in enumerate(f, start=1):
+            where = f"{path}:{lineno}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"{where}: not UTF-8 (byte {exc.start + 1} of the line); save the file as UTF-8") from None
             if not line.strip():
                 continue
-            where = f"{path}:{lineno}"
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as exc:

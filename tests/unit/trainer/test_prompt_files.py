@@ -98,6 +98,13 @@ def test_jsonl_malformed_record_names_file_line_and_key(tmp_path, line, message)
         load_prompt_file(path)
 
 
+def test_jsonl_text_that_is_not_utf8_names_its_line(tmp_path):
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(json.dumps({"prompt": "fine"}).encode() + b'\n{"prompt": "caf\xe9"}\n')
+    with pytest.raises(ValueError, match="^" + re.escape(f"{path}:2: not UTF-8 (byte 16 of the line)")):
+        load_prompt_file(path)
+
+
 def test_a_missing_label_is_an_error_where_the_reward_needs_one(tmp_path):
     path = write_lines(tmp_path, [json.dumps({"prompt": "p", "label": 0}), json.dumps({"prompt": "q", "label": None})])
     assert len(load_prompt_file(path)) == 2
