@@ -6,9 +6,8 @@ or removed keys named with their replacement, "1e-5" read as a number). A bad co
 advantage or reward function, remote reward URL or header, or a prompt file (data.prompts,
 data.validation.prompts) that is missing, does not parse, lacks a label that reward.type
 ExactAnswer needs, or holds chat prompts the policy's tokenizer cannot render (all checked before
-Ray starts) exits
-with code 2 and its message, never a traceback; an error raised inside Ray is shown as its cause,
-in one line. Ray's token authentication is set explicitly: a private token and temp dir per local
+Ray starts) exits with code 2 and its message, never a traceback; an error raised inside Ray is
+shown as its cause, in one line. Ray's token authentication is set explicitly: a private token and temp dir per local
 run; on a cluster, token mode with the token the operator provides (RAY_AUTH_TOKEN or
 RAY_AUTH_TOKEN_PATH). SIGTERM stops the run between two steps with the steps since the last
 checkpoint saved, exit code 143 (`graceful_stop`); `--pid-file` tells the Ray head's preStop hook
@@ -130,7 +129,9 @@ def check_chat_prompts(spec: PPOJobSpec, where: str, prompts: list[Prompt]) -> N
     try:
         tokenizer = load_tokenizer(spec.model)
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"{where} holds chat prompts, rendered with the policy's tokenizer, which fails to load: {exc}") from None
+        raise ConfigError(
+            f"{where} holds chat prompts, rendered with the policy's tokenizer, which fails to load: {exc}"
+        ) from None
     for prompt in by_roles.values():
         try:
             tokenizer.encode_prompt(prompt)

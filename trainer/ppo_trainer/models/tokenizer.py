@@ -24,8 +24,6 @@ class Tokenizer(Protocol):
     pad_token_id: int
     vocab_size: int
     """Number of token ids the model's embedding must cover."""
-    use_chat_template: bool
-    """Whether prompts go through a chat template (and chat prompts can be encoded at all)."""
 
     def encode(self, text: str) -> list[int]:
         """Plain text to ids, without special tokens."""
@@ -48,7 +46,6 @@ class ByteTokenizer:
     eos_token_id = 257
     pad_token_id = 258
     vocab_size = 259
-    use_chat_template = False
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
