@@ -2,7 +2,7 @@
 
 Pure functions: the spec and where the server runs (model directory, host, port, base GPU id) in,
 an argv out. Flag names are those of `sglang.srt.server_args` and `sglang_router.launch_router`
-at the pinned versions (tests/unit/trainer/test_sglang_server_args.py checks them against
+at the pinned versions (tests/unit/trainer/rollout/test_sglang_server_args.py checks them against
 SGLang's own parser where it can be imported). A `ServerProgram` says what runs them: SGLang's own
 server, or a program that takes the same flags and speaks the same protocol (the tests' CPU
 stand-in, `tests/doubles/`). Depends on the API spec and the standard library only (no torch, no sglang).

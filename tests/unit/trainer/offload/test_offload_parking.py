@@ -1,7 +1,7 @@
 """`offload/parking.py`: a training backend's offload decides what moves and when, whichever backend
 lists the tensors. Its mirrors are recording stand-ins here (on a CPU a real HostMirror moves nothing):
 what each is asked to copy, and whether it may reuse its host copy (the stale-copy rule). The real
-mirrors' moves: tests/gpu/test_host_mirror.py; both backends through it: tests/unit/trainer/test_backend_contract.py."""
+mirrors' moves: tests/gpu/test_host_mirror.py; both backends through it: tests/unit/trainer/backends/test_backend_contract.py."""
 
 from __future__ import annotations
 

@@ -55,7 +55,7 @@ def test_reporting_patch_body_matches_crd_progress():
 
 
 def test_reporting_progress_fields_are_the_crds():
-    crd = yaml.safe_load((Path(__file__).resolve().parents[3] / "crds" / "ppojobs.ppojob.io.yaml").read_text())
+    crd = yaml.safe_load((Path(__file__).resolve().parents[4] / "crds" / "ppojobs.ppojob.io.yaml").read_text())
     schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["progress"]
     p = progress(metrics={"rewardMean": 0.5}, last_checkpoint=CheckpointInfo(step=2, path="/c", time="t"),
                  error="boom", estimated_remaining_seconds=200.4,
