@@ -1,7 +1,8 @@
 """reward.type Model with a real tiny LlamaForSequenceClassification and a tokenizer of its own: scores
 are the model's own forward on the text its chat template renders, whatever the micro-batch; a long
 sequence keeps its end; the weighted score is summed with or gated by a rule; sleeping and waking
-changes no score; a directory that is not a one-label classifier is refused before Ray starts."""
+changes no score; the rollout worker scores with it and sleeps it with its engine; a directory that is
+not a one-label classifier is refused before Ray starts."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from ppo_trainer.checkpoint import TrainerState
 from ppo_trainer.cli import EXIT_CONFIG, main
+from ppo_trainer.data import Prompt
 from ppo_trainer.reporting.progress import ProgressTracker
 from ppo_trainer.reporting.reporters import Recorder
 from ppo_trainer.reward_model import (
@@ -26,7 +28,8 @@ from ppo_trainer.reward_model import (
     keep_end,
 )
 from ppo_trainer.rewards import ExactFinalAnswerReward
-from ppo_trainer.roles.rollout import build_spec_reward, load_reward_model
+from ppo_trainer.roles.rollout import RolloutWorker, build_spec_reward, load_reward_model
+from ppo_trainer.weight_sync import OBJECT_STORE
 from ppojob_api.spec import parse_spec
 from ppojob_api.vocabulary import RewardCombine
 
@@ -173,3 +176,25 @@ def test_the_reward_models_residency_is_reported_in_the_offload_column():
     status = json.loads(json.dumps(recorder.progress[-1].to_status()))
     assert status["reward"] == "Asleep"
     assert status["offload"] == "actor=Offloaded critic=Offloaded rollout=Asleep reward=Asleep"
+
+
+def test_the_rollout_worker_scores_with_the_reward_model_which_sleeps_with_the_engine(model_dir):
+    spec = parse_spec({"image": "local", "seed": 1, "model": {"path": "builtin:tiny"}, "resources": {"gpusPerNode": 0},
+                       "rollout": {"batchSize": 4, "maxNewTokens": 6},
+                       "reward": {"type": "Model", "model": {"path": str(model_dir), "microBatchSize": 3}}})
+    worker = RolloutWorker(spec, rank=0, device="cpu", weight_sync=OBJECT_STORE)
+    prompts = [Prompt(text=f"question {i}: ") for i in range(4)]
+    batch, stats = worker.generate(prompts, seed=5)
+    assert batch.scores.tolist() == pytest.approx(worker.reward_model.score(batch.prompts, batch.responses), abs=1e-6)
+    assert stats["reward_sum"] == pytest.approx(float(batch.scores.sum()))
+    worker.sleep()
+    assert (worker.state(), worker.reward_state()) == ("Asleep", "Asleep")
+    worker.wake()  # the engine alone, as for a weight sync
+    assert (worker.state(), worker.reward_state()) == ("Awake", "Asleep")
+    again, _ = worker.generate(prompts, seed=5)
+    assert again.scores.tolist() == batch.scores.tolist() and worker.reward_state() == "Awake"
+    moves = [(t.role, t.from_state, t.to_state) for t in worker.drain_transitions()]
+    assert moves == [("reward", "Awake", "Asleep"), ("rollout", "Awake", "Asleep"), ("rollout", "Asleep", "Awake"),
+                     ("reward", "Asleep", "Awake")]
+    assert RolloutWorker(parse_spec({"image": "local", "resources": {"gpusPerNode": 0}}), rank=0, device="cpu",
+                         weight_sync=OBJECT_STORE).reward_state() is None

@@ -229,8 +229,8 @@ class Roles:
             return call.options(concurrency_group=STATUS_CALLS) if group is self.rollout else call
 
         drained = ray.get([beside_generation(g, h.drain_transitions).remote() for g in self.groups for h in g.handles])
-        states = ray.get([beside_generation(g, g.handles[0].state).remote() for g in self.groups])
-        reward = ray.get(beside_generation(self.rollout, self.rollout.handles[0].reward_state).remote())
+        *states, reward = ray.get([beside_generation(g, g.handles[0].state).remote() for g in self.groups]
+                                  + [beside_generation(self.rollout, self.rollout.handles[0].reward_state).remote()])
         transitions = sorted((t for ts in drained for t in ts), key=lambda t: t.time)
         residencies = {g.role: s for g, s in zip(self.groups, states)}
         return transitions, residencies if reward is None else {**residencies, "reward": reward}
