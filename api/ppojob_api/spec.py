@@ -28,9 +28,11 @@ from ppojob_api.vocabulary import (
     KLEstimator,
     LossAggregation,
     Placement,
+    RewardCombine,
     RewardType,
     RolloutCorrection,
     RolloutEngine,
+    RuleReward,
     Schedule,
     TrainBackend,
 )
@@ -228,10 +230,34 @@ class RemoteRewardSpec(_Model):
     """Headers sent with each request, their values read from the trainer's environment."""
 
 
+class RewardModelSpec(_Model):
+    path: str | None = Field(None, min_length=1, max_length=4096)
+    """A Hugging Face sequence-classification directory (one label) with its own tokenizer."""
+    micro_batch_size: int = Field(8, ge=1, le=4096)
+    """Sequences scored per forward pass."""
+    max_length: int = Field(2048, ge=1, le=1048576)
+    """Longest sequence scored, in the reward model's tokens; a longer one keeps its end."""
+    weight: float = Field(1.0, gt=0)
+    """The model's score is multiplied by it."""
+    combine_with: RuleReward | None = None
+    """A rule-based reward the weighted score is combined with; unset: the weighted score alone."""
+    combine: RewardCombine = RewardCombine.SUM
+    """Sum: weighted score + rule's score. Gate: the weighted score where the rule's score is above 0, else the rule's."""
+
+
 class RewardSpec(_Model):
     type: RewardType = RewardType.SYNTHETIC
     function: str | None = Field(None, pattern=r"^[^:]+:[A-Za-z_][A-Za-z0-9_]*$")
     remote: RemoteRewardSpec = RemoteRewardSpec()
+    model: RewardModelSpec = RewardModelSpec()
+    """The reward model of type Model."""
+
+    @property
+    def rule(self) -> RuleReward | None:
+        """The rule-based reward that scores responses: the type itself, or with type Model the one it combines with."""
+        if self.type == RewardType.MODEL:
+            return self.model.combine_with
+        return RuleReward(self.type.value)
 
 
 class ExportSpec(_Model):
@@ -489,14 +515,38 @@ VALIDATION_NEEDS_PROMPTS = (
 )
 
 REWARD_FUNCTION_NOT_CUSTOM = (
-    "reward.function is only called with reward.type Custom: set reward.type to Custom, or remove reward.function"
+    "reward.function is only called with reward.type Custom (or reward.model.combineWith Custom): set reward.type to"
+    " Custom, or remove reward.function"
 )
 
 REMOTE_REWARD_NEEDS_URL = "reward.type Remote needs reward.remote.url, the scoring endpoint (http:// or https://)"
 
 REMOTE_REWARD_NOT_REMOTE = (
-    "reward.remote is only used with reward.type Remote: set reward.type to Remote, or remove reward.remote.url and"
-    " reward.remote.headers"
+    "reward.remote is only used with reward.type Remote (or reward.model.combineWith Remote): set reward.type to"
+    " Remote, or remove reward.remote.url and reward.remote.headers"
+)
+
+COMBINED_CUSTOM_NEEDS_FUNCTION = (
+    "reward.model.combineWith Custom needs reward.function, a 'module:function' reference"
+)
+
+COMBINED_REMOTE_NEEDS_URL = (
+    "reward.model.combineWith Remote needs reward.remote.url, the scoring endpoint (http:// or https://)"
+)
+
+MODEL_REWARD_NEEDS_PATH = (
+    "reward.type Model needs reward.model.path, a Hugging Face directory of a sequence-classification model with"
+    " one label (AutoModelForSequenceClassification) and its tokenizer"
+)
+
+MODEL_REWARD_NOT_MODEL = (
+    "reward.model is only used with reward.type Model: set reward.type to Model, or remove reward.model.path and"
+    " reward.model.combineWith"
+)
+
+GATE_NEEDS_A_RULE = (
+    "reward.model.combine Gate keeps the model's score only where a rule passes: set reward.model.combineWith"
+    " (e.g. ExactAnswer), or use combine Sum"
 )
 
 
@@ -531,14 +581,22 @@ def check_semantics(spec: PPOJobSpec) -> list[str]:
             " or use placement Disaggregated"
         )
     reward = spec.reward
-    if reward.type == RewardType.CUSTOM and not reward.function:
-        problems.append("reward.type Custom needs reward.function, a 'module:function' reference")
-    if reward.type != RewardType.CUSTOM and reward.function is not None:
+    combined = reward.type == RewardType.MODEL
+    if reward.rule == RuleReward.CUSTOM and not reward.function:
+        problems.append(COMBINED_CUSTOM_NEEDS_FUNCTION if combined else
+                        "reward.type Custom needs reward.function, a 'module:function' reference")
+    if reward.rule != RuleReward.CUSTOM and reward.function is not None:
         problems.append(REWARD_FUNCTION_NOT_CUSTOM)
-    if reward.type == RewardType.REMOTE and reward.remote.url is None:
-        problems.append(REMOTE_REWARD_NEEDS_URL)
-    if reward.type != RewardType.REMOTE and (reward.remote.url is not None or reward.remote.headers is not None):
+    if reward.rule == RuleReward.REMOTE and reward.remote.url is None:
+        problems.append(COMBINED_REMOTE_NEEDS_URL if combined else REMOTE_REWARD_NEEDS_URL)
+    if reward.rule != RuleReward.REMOTE and (reward.remote.url is not None or reward.remote.headers is not None):
         problems.append(REMOTE_REWARD_NOT_REMOTE)
+    if combined and reward.model.path is None:
+        problems.append(MODEL_REWARD_NEEDS_PATH)
+    if not combined and (reward.model.path is not None or reward.model.combine_with is not None):
+        problems.append(MODEL_REWARD_NOT_MODEL)
+    if reward.model.combine == RewardCombine.GATE and reward.model.combine_with is None:
+        problems.append(GATE_NEEDS_A_RULE)
     header_names = [header.name for header in reward.remote.headers or []]
     if len(set(header_names)) != len(header_names):
         problems.append("reward.remote.headers: a header is named twice: keep one entry per name")

@@ -133,6 +133,24 @@ class RewardType(str, enum.Enum):
     EXACT_ANSWER = "ExactAnswer"
     CUSTOM = "Custom"
     REMOTE = "Remote"
+    MODEL = "Model"
+    """A Hugging Face sequence-classification model's score (reward.model)."""
+
+
+class RuleReward(str, enum.Enum):
+    """The rule-based rewards a reward model's score may be combined with (reward.model.combineWith)."""
+
+    SYNTHETIC = "Synthetic"
+    EXACT_ANSWER = "ExactAnswer"
+    CUSTOM = "Custom"
+    REMOTE = "Remote"
+
+
+class RewardCombine(str, enum.Enum):
+    """How a reward model's weighted score meets the rule's: added to it, or counted only where the rule passes."""
+
+    SUM = "Sum"
+    GATE = "Gate"
 
 
 class Placement(str, enum.Enum):

@@ -3,15 +3,15 @@
 CONFIG is a PPOJob manifest or its bare spec (YAML); `image` defaults to "local". `--critic-config`
 merges a per-role YAML of critic overrides into `spec.critic`, checked by the same parser (unknown
 or removed keys named with their replacement, "1e-5" read as a number). A bad config, custom
-advantage or reward function, remote reward URL or header, or a prompt file (data.prompts,
-data.validation.prompts) that is missing, does not parse, lacks a label that reward.type
-ExactAnswer needs, or holds chat prompts the policy's tokenizer cannot render (all checked before
-Ray starts) exits with code 2 and its message, never a traceback; an error raised inside Ray is
-shown as its cause, in one line. Ray's token authentication is set explicitly: a private token and temp dir per local
-run; on a cluster, token mode with the token the operator provides (RAY_AUTH_TOKEN or
-RAY_AUTH_TOKEN_PATH). SIGTERM stops the run between two steps with the steps since the last
-checkpoint saved, exit code 143 (`graceful_stop`); `--pid-file` tells the Ray head's preStop hook
-whom to send it to.
+advantage or reward function, remote reward URL or header, reward model directory, or a prompt
+file (data.prompts, data.validation.prompts) that is missing, does not parse, lacks a label that
+an ExactAnswer reward needs, or holds chat prompts the policy's tokenizer cannot render (all
+checked before Ray starts) exits with code 2 and its message, never a traceback; an error raised
+inside Ray is shown as its cause, in one line. Ray's token authentication is set explicitly: a
+private token and temp dir per local run; on a cluster, token mode with the token the operator
+provides (RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH). SIGTERM stops the run between two steps with the
+steps since the last checkpoint saved, exit code 143 (`graceful_stop`); `--pid-file` tells the Ray
+head's preStop hook whom to send it to.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import yaml
 
 from ppo_trainer.data import Prompt
 from ppojob_api.spec import PPOJobSpec, SpecError, spec_from_manifest
-from ppojob_api.vocabulary import RewardType
+from ppojob_api.vocabulary import RuleReward
 
 EXIT_CONFIG = 2
 
@@ -91,12 +91,16 @@ def check_advantage_function(ref: str) -> None:
 
 
 def check_reward(spec: PPOJobSpec) -> None:
-    """Build the reward as each rollout engine will, before any Ray work: a custom function is
-    imported and its parameters checked; a remote endpoint's URL and headers are checked, but it is
-    not called (it may start with the job, or be reachable from the Ray pods only)."""
-    from ppo_trainer.roles.rollout import build_spec_reward
+    """Build the rule-based reward as each rollout engine will, before any Ray work: a custom function
+    is imported and its parameters checked; a remote endpoint's URL and headers are checked, but it is
+    not called (it may start with the job, or be reachable from the Ray pods only). A reward model's
+    directory is checked (a sequence classifier with one label, and a tokenizer), its weights not read."""
+    from ppo_trainer.reward_model import check_reward_model
+    from ppo_trainer.roles.rollout import build_rule_reward
 
-    build_spec_reward(spec)
+    build_rule_reward(spec)
+    if spec.reward.model.path is not None:
+        check_reward_model(spec.reward.model.path)
 
 
 def check_prompt_files(spec: PPOJobSpec) -> None:
@@ -111,7 +115,7 @@ def check_prompt_files(spec: PPOJobSpec) -> None:
             continue
         try:
             prompts = load_prompt_file(path, prompt_key=data.prompt_key, label_key=data.label_key,
-                                       require_labels=spec.reward.type == RewardType.EXACT_ANSWER)
+                                       require_labels=spec.reward.rule == RuleReward.EXACT_ANSWER)
         except (OSError, ValueError) as exc:
             raise ConfigError(f"{field}: {exc}; fix the file or point {field} at another") from None
         check_chat_prompts(spec, f"{field} ({path})", prompts)
@@ -197,6 +201,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from ppo_trainer.algorithms import CustomAdvantageError
+    from ppo_trainer.reward_model import RewardModelError
     from ppo_trainer.rewards import CustomRewardError, RemoteRewardError
 
     try:
@@ -212,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         run_dir.mkdir(parents=True, exist_ok=True)
         start_ray(args.address, num_cpus=max(os.cpu_count() or 1, args.cpu_ranks + 1),
                   object_store_mb=args.object_store_mb)
-    except (ConfigError, CustomAdvantageError, CustomRewardError, RemoteRewardError) as exc:
+    except (ConfigError, CustomAdvantageError, CustomRewardError, RemoteRewardError, RewardModelError) as exc:
         print(f"ppo-train: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     return _run(spec, args, run_dir=run_dir, checkpoint_dir=checkpoint_dir)

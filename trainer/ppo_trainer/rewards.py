@@ -3,7 +3,8 @@
 ``Reward.score(prompts, responses, labels) -> list[float]`` is the whole contract. Rewards here
 are plain Python over strings (``RemoteReward`` sends them to an HTTP endpoint with the standard
 library): nothing may depend on Ray, models, tokenizers or configuration objects.
-``build_reward`` maps a kind name and its options to an instance.
+``build_reward`` maps a kind name and its options to an instance. A reward model's score, which
+needs torch and transformers, is a `Reward` of its own room (`reward_model.ModelReward`).
 """
 
 from __future__ import annotations

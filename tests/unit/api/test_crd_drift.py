@@ -107,6 +107,7 @@ def test_spec_required_fields_match():
         (["progress", "actor"], vocab.TrainResidency),
         (["progress", "critic"], vocab.TrainResidency),
         (["progress", "rollout"], vocab.RolloutResidency),
+        (["progress", "reward"], vocab.RolloutResidency),
     ],
 )
 def test_status_enums_follow_the_crd(path, enum_type):

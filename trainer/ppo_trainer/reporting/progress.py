@@ -60,6 +60,8 @@ class ProgressTracker:
         residency = {"actor": TrainResidency(states["actor"]), "rollout": RolloutResidency(states["rollout"])}
         if "critic" in states:
             residency["critic"] = TrainResidency(states["critic"])
+        if "reward" in states:
+            residency["reward"] = RolloutResidency(states["reward"])
         return residency
 
     def stage(self, stage: Stage, *, state: TrainerState) -> None:

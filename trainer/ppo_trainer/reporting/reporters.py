@@ -84,6 +84,8 @@ class Progress:
     actor: TrainResidency = TrainResidency.ON_DEVICE
     critic: TrainResidency | None = TrainResidency.ON_DEVICE
     rollout: RolloutResidency = RolloutResidency.AWAKE
+    reward: RolloutResidency | None = None
+    """The reward model's residency (reward.type Model); None without one."""
     weight_syncs_skipped: int = 0
     last_checkpoint: CheckpointInfo | None = None
     last_evaluation: EvaluationInfo | None = None
@@ -109,11 +111,13 @@ class Progress:
 
     @property
     def offload(self) -> str:
-        """One-line residency summary, e.g. 'actor=Offloaded critic=OnDevice rollout=Asleep'."""
+        """One-line residency summary, e.g. 'actor=Offloaded critic=OnDevice rollout=Asleep reward=Asleep'."""
         parts = [f"actor={self.actor.value}"]
         if self.critic is not None:
             parts.append(f"critic={self.critic.value}")
         parts.append(f"rollout={self.rollout.value}")
+        if self.reward is not None:
+            parts.append(f"reward={self.reward.value}")
         return " ".join(parts)
 
     def to_status(self) -> dict[str, Any]:
@@ -136,6 +140,8 @@ class Progress:
         }
         if self.critic is not None:
             status["critic"] = self.critic.value
+        if self.reward is not None:
+            status["reward"] = self.reward.value
         if self.estimated_remaining_seconds is not None:
             status["estimatedRemainingSeconds"] = round(self.estimated_remaining_seconds)
             status["eta"] = format_duration(self.estimated_remaining_seconds)

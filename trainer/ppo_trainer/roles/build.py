@@ -223,14 +223,17 @@ class Roles:
         return PerRank(o + r for o, r in zip(old, ref, strict=True))
 
     def poll(self) -> tuple[list[Transition], dict[str, str]]:
-        """Every rank's transitions since the last poll (in time order), and each role's state (rank 0's)."""
+        """Every rank's transitions since the last poll (in time order), and each role's state (rank 0's),
+        the reward model's ("reward") among them when the engines hold one."""
         def beside_generation(group: RoleGroup, call):  # a rollout worker answers while it generates
             return call.options(concurrency_group=STATUS_CALLS) if group is self.rollout else call
 
         drained = ray.get([beside_generation(g, h.drain_transitions).remote() for g in self.groups for h in g.handles])
-        states = ray.get([beside_generation(g, g.handles[0].state).remote() for g in self.groups])
+        *states, reward = ray.get([beside_generation(g, g.handles[0].state).remote() for g in self.groups]
+                                  + [beside_generation(self.rollout, self.rollout.handles[0].reward_state).remote()])
         transitions = sorted((t for ts in drained for t in ts), key=lambda t: t.time)
-        return transitions, {g.role: s for g, s in zip(self.groups, states)}
+        residencies = {g.role: s for g, s in zip(self.groups, states)}
+        return transitions, residencies if reward is None else {**residencies, "reward": reward}
 
     def shutdown(self) -> None:
         try:  # the servers the engines launched run in their own process groups: stop them first

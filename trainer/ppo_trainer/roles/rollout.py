@@ -24,6 +24,7 @@ import torch
 from ppo_trainer.batch import RolloutBatch
 from ppo_trainer.data import Prompt
 from ppo_trainer.offload import Residency, Transition
+from ppo_trainer.reward_model import ModelReward, RewardModel
 from ppo_trainer.rewards import Reward, build_reward
 from ppo_trainer.roles.base import use_all_cores
 from ppo_trainer.rollout.base import RolloutEngine, SamplingParams
@@ -31,23 +32,47 @@ from ppo_trainer.rollout.layout import build_rollout_batch
 from ppo_trainer.rollout.sglang.server_args import SGLANG, ServerProgram
 from ppo_trainer.weight_sync import weight_sync_path
 from ppojob_api.spec import PPOJobSpec
-from ppojob_api.vocabulary import RewardType
+from ppojob_api.vocabulary import RewardType, RuleReward
 from ppojob_api.vocabulary import RolloutEngine as EngineKind
 
-REWARD_KINDS = {RewardType.SYNTHETIC: "synthetic", RewardType.EXACT_ANSWER: "exact_answer", RewardType.CUSTOM: "custom",
-                RewardType.REMOTE: "remote"}
+REWARD_KINDS = {RuleReward.SYNTHETIC: "synthetic", RuleReward.EXACT_ANSWER: "exact_answer", RuleReward.CUSTOM: "custom",
+                RuleReward.REMOTE: "remote"}
 
 
-def build_spec_reward(spec: PPOJobSpec) -> Reward:
-    """The reward of `spec.reward`: its type's kind, with the endpoint's settings for type Remote."""
+def build_rule_reward(spec: PPOJobSpec) -> Reward | None:
+    """The rule-based reward of `spec.reward` (its type, or with type Model the one it combines with;
+    None: none), with the endpoint's settings for Remote."""
     reward = spec.reward
+    if reward.rule is None:
+        return None
     options = {}
-    if reward.type == RewardType.REMOTE:
+    if reward.rule == RuleReward.REMOTE:
         remote = reward.remote
         options = {"url": remote.url, "timeout_seconds": remote.timeout_seconds, "max_retries": remote.max_retries,
                    "max_concurrency": remote.max_concurrency, "batch_size": remote.batch_size,
                    "headers_from_env": {header.name: header.from_env for header in remote.headers or []}}
-    return build_reward(REWARD_KINDS[reward.type], custom_function=reward.function, **options)
+    return build_reward(REWARD_KINDS[reward.rule], custom_function=reward.function, **options)
+
+
+def load_reward_model(spec: PPOJobSpec, *, device: str) -> RewardModel | None:
+    """The reward model of reward.type Model, loaded on `device` with the engines' dtype; None for the other types."""
+    if spec.reward.type != RewardType.MODEL:
+        return None
+    settings = spec.reward.model
+    return RewardModel(settings.path, device=device, dtype=spec.model.dtype,
+                       micro_batch_size=settings.micro_batch_size, max_length=settings.max_length)
+
+
+def build_spec_reward(spec: PPOJobSpec, *, reward_model: RewardModel | None = None) -> Reward:
+    """The reward of `spec.reward`: its rule-based reward, or with type Model `reward_model`'s
+    weighted score combined with the rule of reward.model.combineWith, if any."""
+    rule = build_rule_reward(spec)
+    if spec.reward.type != RewardType.MODEL:
+        return rule
+    if reward_model is None:
+        raise ValueError("reward.type Model scores with a reward model: load it first (load_reward_model)")
+    settings = spec.reward.model
+    return ModelReward(model=reward_model, rule=rule, weight=settings.weight, combine=settings.combine)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,7 +117,9 @@ def _launch_sglang(spec: PPOJobSpec, *, rank: int, pad_token_id: int, program: S
 
 
 class RolloutWorker:
-    """One rollout engine with its tokenizer, reward function, residency and end of the weight sync."""
+    """One rollout engine with its tokenizer, reward function, residency and end of the weight sync;
+    with reward.type Model, the reward model beside the engine, on its device, with a residency of its
+    own ("reward"): it sleeps with the engine and wakes only to score."""
 
     role = "rollout"
 
@@ -112,9 +139,12 @@ class RolloutWorker:
             spec, device=device, rank=rank, pad_token_id=self.tokenizer.pad_token_id, sglang_server=sglang_server
         )
         self.engine, self.servers = built.engine, built.servers
-        self.reward = build_spec_reward(spec)
+        self.reward_model = load_reward_model(spec, device=device)
+        self.reward = build_spec_reward(spec, reward_model=self.reward_model)
         self._transitions: list[Transition] = []
         self.residency = Residency.for_rollout(rank=rank, listener=self._transitions.append)
+        self.reward_residency = None if self.reward_model is None else Residency.for_rollout(
+            "reward", rank=rank, listener=self._transitions.append)
         self.receiver = weight_sync_path(weight_sync).receiver(engine=self.engine, device=device, wake=self.wake)
         self.weights_version = 0
         """The actor updates in the weights this engine serves (0: the initial ones); stamped on each batch."""
@@ -165,6 +195,8 @@ class RolloutWorker:
             self.tokenizer.decode(row[mask.bool()].tolist())
             for row, mask in zip(generation.response_tokens, generation.response_mask)
         ]
+        if self.reward_residency is not None:  # asleep since the engines last slept: back to score
+            self.reward_residency.wake(self.reward_model.wake_up)
         scores = self.reward.score([p.text for p in prompts], responses, [p.label for p in prompts])
         return token_ids, generation, responses, scores
 
@@ -173,13 +205,21 @@ class RolloutWorker:
         self.weights_version = version
 
     def sleep(self) -> bool:
+        """The engine and the reward model release their device memory; whether the engine's changed."""
+        if self.reward_residency is not None:
+            self.reward_residency.sleep(self.reward_model.sleep)
         return self.residency.sleep(self.engine.sleep)
 
     def wake(self) -> bool:
+        """The engine back on its device (the reward model wakes when it scores)."""
         return self.residency.wake(self.engine.wake_up)
 
     def state(self) -> str:
         return self.residency.state
+
+    def reward_state(self) -> str | None:
+        """The reward model's residency; None without one."""
+        return None if self.reward_residency is None else self.reward_residency.state
 
     def drain_transitions(self) -> list[Transition]:
         # Runs beside a generation (its own concurrency group, roles/build.py): pop one by one, so a
