@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 from cli_run import records
-from tests.tiny_chat_model import write_chat_model
+from tests.fixtures.tiny_chat_model import write_chat_model
 
 STEPS, SAMPLES, ROWS, HELD_OUT = 2, 8, 12, 5
 MESSAGES = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 import yaml
-from tests.tiny_chat_model import chat_tokenizer, write_chat_model
+from tests.fixtures.tiny_chat_model import chat_tokenizer, write_chat_model
 
 from ppo_trainer.cli import EXIT_CONFIG, check_prompt_files, load_config, main
 from ppo_trainer.data import ChatMessage, Prompt
